@@ -1,0 +1,37 @@
+#!/bin/sh
+# The README's test command: install, build with -Werror, run the suite, then
+# run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -e
+cd "$(dirname "$0")/.."
+contrib/install-deps.sh test
+./autogen.sh
+jobs=$(nproc)
+summary=""
+status=0
+run_suite() {
+    dir=$1; shift
+    rm -rf "$dir" && mkdir -p "$dir"
+    (cd "$dir" && ../configure --quiet --enable-werror "$@" && make -j"$jobs" --quiet) || return 1
+    rc=0
+    (cd "$dir" && make -j"$jobs" check) || rc=$?
+    for log in "$dir"/test_*.log; do
+        [ -f "$log" ] || continue
+        echo "==> $log"; tail -n 3 "$log"
+    done
+    # Count Criterion's tests (its "Synthesis:" line), not test binaries.
+    pass=$(cat "$dir"/test_*.log 2>/dev/null | sed -n 's/.*Passing: \([0-9]*\).*/\1/p' |
+           awk '{s+=$1} END {print s+0}')
+    fail=$(cat "$dir"/test_*.log 2>/dev/null |
+           sed -n 's/.*Failing: \([0-9]*\).*Crashing: \([0-9]*\).*/\1 \2/p' |
+           awk '{s+=$1+$2} END {print s+0}')
+    [ $rc -eq 0 ] || [ "$fail" -gt 0 ] || fail=1
+    summary="$summary$dir: $pass passed, $fail failed
+"
+    return $rc
+}
+run_suite build-check || status=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_suite build-sanitize --enable-sanitizers --enable-debug || status=1
+printf '%s' "$summary"
+exit $status

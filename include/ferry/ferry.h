@@ -1,0 +1,179 @@
+/*
+ * Ferry: a transfer engine for HPC and AI clusters.
+ *
+ * A process registers memory; the engine publishes it as a segment (a name, a
+ * generation and a list of buffers) through a metadata store.  Any other engine
+ * opens the segment by name and moves bytes with "READ/WRITE length bytes at
+ * address target_offset of segment X".  See ferry(7) in doc/ for the model.
+ *
+ * Threads: every call is safe from many threads on one engine.  A handle used
+ * after it was destroyed, or with another engine, returns FERRY_ERR_INVALID_HANDLE.
+ */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ferry/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+
+typedef struct ferry_engine_handle *ferry_engine_h;
+typedef struct ferry_segment_handle *ferry_segment_h;
+typedef struct ferry_batch_handle *ferry_batch_h;
+
+/*
+ * Engine configuration.  Set a bit in field_mask for each field you fill;
+ * fields whose bit is clear come from the FERRY_* variable named beside
+ * them, or from the default.  A field given here wins over the variable.
+ */
+enum {
+    FERRY_CONFIG_FIELD_NAME = 1u << 0,       /* FERRY_SEGMENT_NAME */
+    FERRY_CONFIG_FIELD_METADATA = 1u << 1,   /* FERRY_METADATA */
+    FERRY_CONFIG_FIELD_RPC_ADDRESS = 1u << 2,/* FERRY_RPC_ADDRESS */
+    FERRY_CONFIG_FIELD_TRANSPORTS = 1u << 3, /* FERRY_TRANSPORTS */
+    FERRY_CONFIG_FIELD_MODULE_DIR = 1u << 4, /* FERRY_MODULE_DIR */
+    FERRY_CONFIG_FIELD_HOST_ID = 1u << 5,    /* FERRY_HOST_ID */
+};
+
+typedef struct ferry_config {
+    uint64_t field_mask;
+    const char *name;        /* segment name; p2p default: the RPC host:port */
+    const char *metadata;    /* metadata store URI: "p2p" (default), ... */
+    const char *rpc_address; /* RPC listen address "host[:port]" */
+    const char *transports;  /* "tcp,ucx" or "^ucx"; empty: every built one */
+    const char *module_dir;  /* where loadable plugins are found */
+    const char *host_id;     /* host identity override (tests fake hosts) */
+} ferry_config_t;
+
+FERRY_API ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h *engine_p);
+FERRY_API void ferry_engine_destroy(ferry_engine_h engine);
+
+/* The name peers open this engine's segment by (valid until destroy). */
+FERRY_API const char *ferry_engine_segment_name(ferry_engine_h engine);
+
+/* Registration flags. */
+enum {
+    FERRY_REG_REMOTE_READ = 1u << 0,  /* peers may READ the range */
+    FERRY_REG_REMOTE_WRITE = 1u << 1, /* peers may WRITE the range */
+    FERRY_REG_DEFER_PUBLISH = 1u << 2, /* publish later with ferry_publish() */
+};
+#define FERRY_REG_REMOTE (FERRY_REG_REMOTE_READ | FERRY_REG_REMOTE_WRITE)
+
+typedef struct ferry_region {
+    void *addr;
+    size_t length;
+    const char *location; /* "cpu", "cpu:NUMA", "cuda:N", ...; NULL = "cpu" */
+} ferry_region_t;
+
+/*
+ * Register [addr, addr+length).  A range that partially overlaps a registered
+ * one is refused (FERRY_ERR_OVERLAP); the identical range again takes a
+ * reference that ferry_unregister() drops.  flags 0 means FERRY_REG_REMOTE.
+ */
+FERRY_API ferry_status_t ferry_register(ferry_engine_h engine, void *addr, size_t length,
+                              const char *location, unsigned flags);
+/* All or nothing: on error no region stays registered. Publishes once. */
+FERRY_API ferry_status_t ferry_register_batch(ferry_engine_h engine, const ferry_region_t *regions,
+                                    size_t count, unsigned flags);
+/* Drop one reference on the range starting at addr; the last one waits for
+ * transfers on it, deregisters, publishes and tells peers. */
+FERRY_API ferry_status_t ferry_unregister(ferry_engine_h engine, void *addr);
+FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
+
+FERRY_API ferry_status_t ferry_segment_open(ferry_engine_h engine, const char *name,
+                                  ferry_segment_h *segment_p);
+FERRY_API ferry_status_t ferry_segment_close(ferry_engine_h engine, ferry_segment_h segment);
+/* Fetch the descriptor again; name NULL refreshes every open segment. */
+FERRY_API ferry_status_t ferry_segment_refresh(ferry_engine_h engine, const char *name);
+
+/* The decoded descriptor of a segment as JSON text; free() it. */
+FERRY_API ferry_status_t ferry_segment_describe(ferry_engine_h engine, ferry_segment_h segment,
+                                      char **json_p);
+
+typedef enum ferry_opcode {
+    FERRY_OP_READ = 0,  /* remote -> local */
+    FERRY_OP_WRITE = 1, /* local -> remote */
+} ferry_opcode_t;
+
+typedef struct ferry_request {
+    ferry_opcode_t opcode;
+    void *local;
+    ferry_segment_h target;
+    uint64_t target_offset; /* an address in the target segment (the published addr) */
+    size_t length;
+} ferry_request_t;
+
+typedef enum ferry_xfer_state {
+    FERRY_XFER_WAITING = 0, /* never submitted */
+    FERRY_XFER_PENDING = 1,
+    FERRY_XFER_COMPLETED = 2,
+    FERRY_XFER_FAILED = 3,
+} ferry_xfer_state_t;
+
+typedef struct ferry_xfer_status {
+    ferry_xfer_state_t state;
+    ferry_status_t error; /* why it FAILED */
+    size_t transferred;
+    const char *transport; /* which transport served it */
+} ferry_xfer_status_t;
+
+FERRY_API ferry_status_t ferry_batch_create(ferry_engine_h engine, size_t max_requests,
+                                  ferry_batch_h *batch_p);
+/*
+ * Queue requests.  Every request is checked before any is queued: one bad
+ * request (argument, unknown range) fails the call and queues nothing.
+ * A batch can be submitted again once its requests finished.
+ */
+FERRY_API ferry_status_t ferry_batch_submit(ferry_batch_h batch, const ferry_request_t *requests,
+                                  size_t count);
+FERRY_API ferry_status_t ferry_batch_status(ferry_batch_h batch, size_t index,
+                                  ferry_xfer_status_t *status_p);
+/* Wait until every submitted request finished: FERRY_OK if all completed,
+ * the first request's error if one FAILED, FERRY_ERR_TIMEOUT after
+ * timeout_ms (negative: no limit; the transports' own bounds still apply). */
+FERRY_API ferry_status_t ferry_batch_wait(ferry_batch_h batch, int timeout_ms);
+/* FERRY_ERR_BUSY while requests are in flight. */
+FERRY_API ferry_status_t ferry_batch_destroy(ferry_batch_h batch);
+
+/* Attach a notify to the batch: delivered to the segment's owner after all of
+ * the batch's data, when the batch completes without failure. */
+FERRY_API ferry_status_t ferry_batch_notify(ferry_batch_h batch, ferry_segment_h segment,
+                                  const void *msg, size_t length);
+
+#define FERRY_NOTIFY_MAX 4096
+
+typedef struct ferry_notify {
+    char from[256];               /* sender's segment name */
+    size_t length;
+    unsigned char msg[FERRY_NOTIFY_MAX];
+} ferry_notify_t;
+
+/* Deliver msg to the segment's owner; returns once the owner queued it. */
+FERRY_API ferry_status_t ferry_notify_send(ferry_engine_h engine, ferry_segment_h segment,
+                                 const void *msg, size_t length);
+/* Take up to max queued notifies (oldest first); *count_p may be 0. */
+FERRY_API ferry_status_t ferry_notify_recv(ferry_engine_h engine, ferry_notify_t *msgs, size_t max,
+                                 size_t *count_p);
+
+/* What ferry_info prints. */
+enum {
+    FERRY_INFO_VERSION = 1u << 0,
+    FERRY_INFO_PLUGINS = 1u << 1,
+    FERRY_INFO_SETTINGS = 1u << 2,
+};
+FERRY_API void ferry_info_print(FILE *out, unsigned what);
+FERRY_API const char *ferry_version_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,200 @@
+/*
+ * Ferry plugin ABI: what a transport or metadata plugin implements and what
+ * the engine gives it.  A loadable module exports exactly one symbol,
+ * ferry_plugin_entry(), returning a static ferry_plugin_t.  Function tables
+ * carry their size so fields can be appended without breaking old plugins.
+ */
+#ifndef FERRY_PLUGIN_H
+#define FERRY_PLUGIN_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry/ferry.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_PLUGIN_ABI_VERSION 1
+#define FERRY_PLUGIN_ENTRY_SYMBOL "ferry_plugin_entry"
+
+/* ---- logging (exported so modules log like the core) ---- */
+
+typedef enum ferry_log_level {
+    FERRY_LOG_ERROR = 0,
+    FERRY_LOG_WARN = 1,
+    FERRY_LOG_INFO = 2,
+    FERRY_LOG_DEBUG = 3,
+    FERRY_LOG_TRACE = 4,
+} ferry_log_level_t;
+
+FERRY_API extern int ferry_log_level_current;
+FERRY_API void ferry_log_write(ferry_log_level_t level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define ferry_log_(level, ...)                                                \
+    do {                                                                      \
+        if ((int)(level) <= ferry_log_level_current)                          \
+            ferry_log_write((level), __FILE__, __LINE__, __VA_ARGS__);        \
+    } while (0)
+#define ferry_error(...) ferry_log_(FERRY_LOG_ERROR, __VA_ARGS__)
+#define ferry_warn(...) ferry_log_(FERRY_LOG_WARN, __VA_ARGS__)
+#define ferry_info(...) ferry_log_(FERRY_LOG_INFO, __VA_ARGS__)
+#ifdef NDEBUG
+#define ferry_debug(...) ((void)0)
+#define ferry_trace(...) ((void)0)
+#else
+#define ferry_debug(...) ferry_log_(FERRY_LOG_DEBUG, __VA_ARGS__)
+#define ferry_trace(...) ferry_log_(FERRY_LOG_TRACE, __VA_ARGS__)
+#endif
+
+/* ---- settings tables ---- */
+
+typedef enum ferry_setting_type {
+    FERRY_SETTING_STRING, /* char * (strdup-ed; free with ferry_settings_release) */
+    FERRY_SETTING_SIZE,   /* size_t, accepts k/m/g suffixes (powers of 1024) */
+    FERRY_SETTING_UINT,   /* unsigned */
+    FERRY_SETTING_BOOL,   /* int: y/n, yes/no, 1/0, on/off, true/false */
+    FERRY_SETTING_TIME_MS,/* unsigned milliseconds; accepts ms/s suffixes */
+} ferry_setting_type_t;
+
+typedef struct ferry_setting {
+    const char *name;          /* variable is FERRY_<COMPONENT>_<name> */
+    const char *default_value;
+    const char *doc;           /* one line */
+    size_t offset;             /* into the component's settings struct */
+    ferry_setting_type_t type;
+} ferry_setting_t;
+
+/* Fill dst from the table: variable if set, else default.  An unparsable
+ * value is an error naming the variable. component NULL: FERRY_<name>. */
+FERRY_API ferry_status_t ferry_settings_read(const char *component, const ferry_setting_t *table,
+                                   size_t count, void *dst);
+FERRY_API void ferry_settings_release(const ferry_setting_t *table, size_t count, void *dst);
+
+/* ---- transports ---- */
+
+/* What a transport knows of a remote segment. */
+typedef struct ferry_peer {
+    const char *name;      /* segment name */
+    uint64_t generation;   /* the peer engine's incarnation */
+    const char *endpoint;  /* this transport's endpoint string from the descriptor */
+    const char *rpc;       /* the peer's RPC host:port */
+    int same_host;         /* host identities are equal */
+} ferry_peer_t;
+
+typedef struct ferry_slice ferry_slice_t;
+struct ferry_slice {
+    ferry_opcode_t opcode;
+    void *local;
+    uint64_t remote_addr;
+    size_t length;
+    const char *remote_key; /* this transport's key for the remote buffer */
+    void *local_memh;       /* this transport's handle for the local buffer, or NULL */
+    ferry_slice_t *next;    /* owned by the transport between submit and done */
+    void *owner;            /* engine private */
+};
+
+typedef enum ferry_access {
+    FERRY_ACCESS_READ = 1,  /* a peer reads from this engine's memory */
+    FERRY_ACCESS_WRITE = 2, /* a peer writes into this engine's memory */
+} ferry_access_t;
+
+typedef struct ferry_transport_services {
+    size_t size;
+    void *engine;
+    const char *segment_name;
+    uint64_t generation;
+    const char *rpc_endpoint;   /* this engine's RPC host:port */
+    const char *advertise_host; /* host address to put in endpoint strings */
+    /* Target side: may a peer touch [addr, addr+length)?  On FERRY_OK the
+     * range stays registered until access_release(token). */
+    ferry_status_t (*access_acquire)(void *engine, uint64_t addr, uint64_t length,
+                                     ferry_access_t access, void **token_p);
+    void (*access_release)(void *engine, void *token);
+    /* Initiator side: a slice finished (any thread, once per slice). */
+    void (*slice_done)(ferry_slice_t *slice, ferry_status_t status);
+    /* A peer whose RPC endpoint is rpc talks to us: tell it on unregister. */
+    void (*peer_seen)(void *engine, const char *rpc);
+} ferry_transport_services_t;
+
+typedef struct ferry_transport_ops {
+    size_t size;
+    ferry_status_t (*create)(const ferry_transport_services_t *svc, void **ctx_p);
+    void (*destroy)(void *ctx);
+    /* The endpoint string peers use to reach us (malloc-ed). */
+    ferry_status_t (*address)(void *ctx, char **endpoint_p);
+    /* key_p: malloc-ed key string for the descriptor ("" if none needed). */
+    ferry_status_t (*mem_register)(void *ctx, void *addr, size_t length, const char *location,
+                                   char **key_p, void **memh_p);
+    void (*mem_deregister)(void *ctx, void *memh);
+    /* Can this transport move data to that peer's buffer? */
+    int (*reaches)(void *ctx, const ferry_peer_t *peer, const char *remote_key);
+    /* Queue a list of slices (linked by next).  Every slice queued is
+     * finished by exactly one slice_done.  A non-OK return means no slice
+     * was queued; FERRY_ERR_STALE says the peer's generation differs. */
+    ferry_status_t (*submit)(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
+    /* Drop connections and cached keys for that peer incarnation. */
+    void (*peer_forget)(void *ctx, const ferry_peer_t *peer);
+    /* Slice size this transport wants, 0 = no slicing. */
+    size_t (*slice_size)(void *ctx);
+} ferry_transport_ops_t;
+
+enum {
+    FERRY_TRANSPORT_SAME_HOST_ONLY = 1u << 0,
+};
+
+/* ---- metadata stores ---- */
+
+typedef struct ferry_metadata_services {
+    size_t size;
+    void *engine;
+    const char *rpc_endpoint;
+    /* p2p: fetch a descriptor from the engine listening at rpc (host:port). */
+    ferry_status_t (*rpc_fetch)(void *engine, const char *rpc, const char *name,
+                                char **descriptor_p);
+} ferry_metadata_services_t;
+
+typedef struct ferry_metadata_ops {
+    size_t size;
+    ferry_status_t (*create)(const ferry_metadata_services_t *svc, const char *uri,
+                             void **ctx_p);
+    void (*destroy)(void *ctx);
+    ferry_status_t (*publish)(void *ctx, const char *name, const char *descriptor);
+    /* FERRY_ERR_SEGMENT_NOT_FOUND when no such segment. */
+    ferry_status_t (*fetch)(void *ctx, const char *name, char **descriptor_p);
+    ferry_status_t (*remove)(void *ctx, const char *name);
+    /* Optional: the segment name to use when the user chose none. */
+    ferry_status_t (*default_name)(void *ctx, char **name_p);
+} ferry_metadata_ops_t;
+
+/* ---- the plugin ---- */
+
+typedef enum ferry_plugin_kind {
+    FERRY_PLUGIN_TRANSPORT = 1,
+    FERRY_PLUGIN_METADATA = 2,
+} ferry_plugin_kind_t;
+
+typedef struct ferry_plugin {
+    uint32_t abi_version;
+    ferry_plugin_kind_t kind;
+    const char *name;        /* "tcp", "ucx", "p2p", "etcd", ... */
+    const char *description; /* one line */
+    int priority;            /* transports: higher wins selection */
+    unsigned flags;
+    const ferry_setting_t *settings; /* for ferry_info -c; may be NULL */
+    size_t settings_count;
+    const char *settings_component;  /* e.g. "TCP" for FERRY_TCP_* */
+    const void *ops;         /* ferry_transport_ops_t or ferry_metadata_ops_t */
+    void (*info)(FILE *out); /* optional: version and details for ferry_info */
+} ferry_plugin_t;
+
+typedef const ferry_plugin_t *(*ferry_plugin_entry_fn_t)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

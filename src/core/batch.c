@@ -1,0 +1,546 @@
+/*
+ * Batches: submit resolves every request first (all or nothing), then
+ * slices each request and hands the slices to its transport.  Completion
+ * counts down per request and per batch, and only the batch's last
+ * completion wakes a waiter, so a batch of many small requests costs one
+ * wake-up.
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct request_state {
+    struct ferry_batch *batch;
+    atomic_size_t slices_left;
+    atomic_int error;      /* first failure, 0 if none */
+    atomic_int state;      /* ferry_xfer_state_t */
+    ferry_opcode_t opcode;
+    void *local;
+    uint64_t remote_addr;
+    size_t length;
+    ferry_segment_t *segment;
+    ferry_descriptor_t *desc;           /* held while the request lives */
+    const ferry_desc_buffer_t *buffer;  /* inside desc */
+    int transport;                      /* engine transport index, -1: local copy */
+    int desc_transport;                 /* index in desc->transports */
+    ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
+    ferry_slice_t *slices;
+} request_state_t;
+
+struct ferry_batch {
+    uint64_t handle;
+    ferry_engine_t *engine;
+    size_t max;
+    request_state_t *requests;  /* [max] */
+    size_t used;                /* submit_lock */
+    atomic_size_t pending;      /* submitted requests not finished */
+    pthread_mutex_t submit_lock;/* used, requests[] setup, notify fields */
+    pthread_mutex_t lock;       /* with done: waiting for pending == 0 */
+    pthread_cond_t done;
+    char *notify_rpc;           /* attached notify, sent once the batch completes */
+    void *notify_msg;
+    size_t notify_length;
+    struct ferry_batch *next;   /* engine->batches_lock */
+};
+
+static const char *transport_name(const ferry_engine_t *engine, int transport)
+{
+    return transport < 0 ? FERRY_LOCAL_TRANSPORT_NAME : engine->transports[transport].plugin->name;
+}
+
+static void batch_wake(ferry_batch_t *batch)
+{
+    pthread_mutex_lock(&batch->lock);
+    pthread_cond_broadcast(&batch->done);
+    pthread_mutex_unlock(&batch->lock);
+}
+
+static void request_finish(request_state_t *req)
+{
+    ferry_batch_t *batch = req->batch;
+    int error = atomic_load(&req->error);
+    if (req->local_entry != NULL) {
+        ferry_registry_release(&batch->engine->registry, req->local_entry);
+        req->local_entry = NULL;
+    }
+    atomic_store(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED);
+    if (atomic_fetch_sub(&batch->pending, 1) == 1)
+        batch_wake(batch);
+}
+
+static void request_fail(request_state_t *req, ferry_status_t status)
+{
+    int expected = 0;
+    atomic_compare_exchange_strong(&req->error, &expected, (int)status);
+    request_finish(req);
+}
+
+void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
+{
+    request_state_t *req = slice->owner;
+    if (status != FERRY_OK) {
+        int expected = 0;
+        atomic_compare_exchange_strong(&req->error, &expected, (int)status);
+    }
+    if (atomic_fetch_sub(&req->slices_left, 1) == 1)
+        request_finish(req);
+}
+
+void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
+                            int desc_transport, ferry_peer_t *peer)
+{
+    peer->name = desc->name;
+    peer->generation = desc->generation;
+    peer->endpoint = desc_transport >= 0 ? desc->transports[desc_transport].endpoint : "";
+    peer->rpc = desc->rpc;
+    peer->same_host = strcmp(desc->host_id, engine->host_id) == 0;
+}
+
+void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc)
+{
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
+        if (j < 0 || tp->ops->peer_forget == NULL)
+            continue;
+        ferry_peer_t peer;
+        ferry_engine_make_peer(engine, desc, j, &peer);
+        tp->ops->peer_forget(tp->ctx, &peer);
+    }
+}
+
+/* First transport, in the engine's order of preference, that both sides
+ * enabled and that reaches the buffer.  Returns the engine index or -1. */
+static int select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
+                            const ferry_desc_buffer_t *buffer, int *desc_transport_p)
+{
+    int same_host = strcmp(desc->host_id, engine->host_id) == 0;
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) && !same_host)
+            continue;
+        int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
+        if (j < 0 || buffer->keys[j] == NULL)
+            continue;
+        ferry_peer_t peer;
+        ferry_engine_make_peer(engine, desc, j, &peer);
+        if (tp->ops->reaches != NULL && !tp->ops->reaches(tp->ctx, &peer, buffer->keys[j]))
+            continue;
+        *desc_transport_p = j;
+        return (int)i;
+    }
+    return -1;
+}
+
+/* Find the target buffer and a transport in desc; FERRY_ERR_OUT_OF_RANGE if
+ * the range is not there, so the caller can refresh once. */
+static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
+{
+    const ferry_descriptor_t *desc = req->desc;
+    req->buffer = ferry_descriptor_find(desc, req->remote_addr, req->length);
+    if (req->buffer == NULL)
+        return FERRY_ERR_OUT_OF_RANGE;
+    unsigned need = req->opcode == FERRY_OP_WRITE ? FERRY_REG_REMOTE_WRITE
+                                                  : FERRY_REG_REMOTE_READ;
+    if ((req->buffer->access & need) == 0) {
+        ferry_error("segment \"%s\" buffer 0x%llx is not remote-%s", desc->name,
+                    (unsigned long long)req->buffer->addr,
+                    need == FERRY_REG_REMOTE_WRITE ? "writable" : "readable");
+        return FERRY_ERR_REMOTE_REFUSED;
+    }
+    if (req->segment->is_local) {
+        req->transport = -1;
+        req->desc_transport = -1;
+        return FERRY_OK;
+    }
+    req->transport = select_transport(engine, desc, req->buffer, &req->desc_transport);
+    if (req->transport < 0) {
+        ferry_error("segment \"%s\": no transport enabled on both sides reaches buffer 0x%llx",
+                    desc->name, (unsigned long long)req->buffer->addr);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    return FERRY_OK;
+}
+
+/* Re-read the segment's descriptor (refreshing it once) and resolve again. */
+static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t *req)
+{
+    ferry_status_t status = ferry_segment_refetch(engine, req->segment, req->desc);
+    if (status != FERRY_OK)
+        return status;
+    ferry_descriptor_unref(req->desc);
+    req->desc = NULL;
+    status = ferry_segment_descriptor(engine, req->segment, &req->desc);
+    return status == FERRY_OK ? resolve_in(engine, req) : status;
+}
+
+static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
+                              request_state_t *req)
+{
+    ferry_engine_t *engine = batch->engine;
+    memset(req, 0, sizeof(*req));
+    req->batch = batch;
+    if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
+        in->length == 0 || in->target_offset + in->length < in->target_offset) {
+        ferry_error("request: bad opcode, NULL local buffer, zero length or wrap-around");
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    req->segment = ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
+                                       engine);
+    if (req->segment == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    req->opcode = in->opcode;
+    req->local = in->local;
+    req->remote_addr = in->target_offset;
+    req->length = in->length;
+    ferry_status_t status = ferry_segment_descriptor(engine, req->segment, &req->desc);
+    if (status != FERRY_OK)
+        return status;
+    status = resolve_in(engine, req);
+    if (status == FERRY_ERR_OUT_OF_RANGE)
+        status = resolve_refreshed(engine, req);
+    if (status == FERRY_ERR_OUT_OF_RANGE)
+        ferry_error("segment \"%s\" has no buffer holding [0x%llx, +%zu)", req->segment->name,
+                    (unsigned long long)req->remote_addr, req->length);
+    if (status == FERRY_OK)
+        req->local_entry = ferry_registry_acquire(&engine->registry, (uintptr_t)req->local,
+                                                  req->length, 0);
+    return status;
+}
+
+static void request_release(ferry_engine_t *engine, request_state_t *req)
+{
+    if (req->local_entry)
+        ferry_registry_release(&engine->registry, req->local_entry);
+    if (req->desc)
+        ferry_descriptor_unref(req->desc);
+    free(req->slices);
+    req->local_entry = NULL;
+    req->desc = NULL;
+    req->slices = NULL;
+}
+
+/* Our own segment: a bounds-checked copy, done now. */
+static void launch_local(ferry_engine_t *engine, request_state_t *req)
+{
+    ferry_access_t access = req->opcode == FERRY_OP_WRITE ? FERRY_ACCESS_WRITE
+                                                          : FERRY_ACCESS_READ;
+    void *token;
+    ferry_status_t status = ferry_engine_access_acquire(engine, req->remote_addr, req->length,
+                                                        access, &token);
+    if (status == FERRY_OK) {
+        void *remote = (void *)(uintptr_t)req->remote_addr;
+        if (req->opcode == FERRY_OP_WRITE)
+            memmove(remote, req->local, req->length);
+        else
+            memmove(req->local, remote, req->length);
+        ferry_engine_access_release(engine, token);
+    }
+    if (status == FERRY_OK)
+        request_finish(req);
+    else
+        request_fail(req, status);
+}
+
+static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
+{
+    ferry_transport_instance_t *tp = &engine->transports[req->transport];
+    size_t slice_size = tp->ops->slice_size ? tp->ops->slice_size(tp->ctx) : 0;
+    if (slice_size == 0)
+        slice_size = req->length;
+    size_t count = (req->length + slice_size - 1) / slice_size;
+    free(req->slices);
+    req->slices = calloc(count, sizeof(*req->slices));
+    if (req->slices == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    const char *key = req->buffer->keys[req->desc_transport];
+    void *memh = req->local_entry ? req->local_entry->memh[req->transport] : NULL;
+    for (size_t i = 0, offset = 0; i < count; i++, offset += slice_size) {
+        ferry_slice_t *slice = &req->slices[i];
+        slice->opcode = req->opcode;
+        slice->local = (char *)req->local + offset;
+        slice->remote_addr = req->remote_addr + offset;
+        slice->length = FERRY_MIN(slice_size, req->length - offset);
+        slice->remote_key = key;
+        slice->local_memh = memh;
+        slice->owner = req;
+        slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
+    }
+    atomic_store(&req->slices_left, count);
+    ferry_peer_t peer;
+    ferry_engine_make_peer(engine, req->desc, req->desc_transport, &peer);
+    ferry_status_t status = tp->ops->submit(tp->ctx, &peer, req->slices);
+    if (status == FERRY_OK)
+        atomic_fetch_add(&tp->requests_served, 1);
+    return status;
+}
+
+static void launch(ferry_engine_t *engine, request_state_t *req)
+{
+    atomic_store(&req->state, FERRY_XFER_PENDING);
+    if (req->transport < 0) {
+        launch_local(engine, req);
+        return;
+    }
+    ferry_status_t status = queue_slices(engine, req);
+    if (status == FERRY_ERR_STALE || status == FERRY_ERR_PEER_FAILED ||
+        status == FERRY_ERR_CONNECT) {
+        /* The peer restarted or its link broke: drop that incarnation's
+         * state, refresh the descriptor once and try again. */
+        ferry_info("segment \"%s\" via %s: %s; refreshing and retrying once", req->desc->name,
+                   transport_name(engine, req->transport), ferry_status_string(status));
+        ferry_engine_forget_peer(engine, req->desc);
+        status = resolve_refreshed(engine, req);
+        if (status == FERRY_OK && req->transport < 0) {
+            launch_local(engine, req);
+            return;
+        }
+        if (status == FERRY_OK)
+            status = queue_slices(engine, req);
+    }
+    if (status != FERRY_OK) {
+        ferry_error("request to segment \"%s\" [0x%llx, +%zu) failed: %s",
+                    req->segment->name, (unsigned long long)req->remote_addr, req->length,
+                    ferry_status_string(status));
+        request_fail(req, status);
+    }
+}
+
+static ferry_batch_t *batch_lookup(ferry_batch_h handle)
+{
+    return ferry_handle_lookup((uint64_t)(uintptr_t)handle, FERRY_HANDLE_BATCH, NULL);
+}
+
+ferry_status_t ferry_batch_create(ferry_engine_h handle, size_t max_requests,
+                                  ferry_batch_h *batch_p)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (max_requests == 0 || max_requests > (1u << 24) || batch_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_batch_t *batch = calloc(1, sizeof(*batch));
+    if (batch == NULL || (batch->requests = calloc(max_requests, sizeof(request_state_t))) ==
+                             NULL) {
+        free(batch);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    batch->engine = engine;
+    batch->max = max_requests;
+    pthread_mutex_init(&batch->submit_lock, NULL);
+    pthread_mutex_init(&batch->lock, NULL);
+    pthread_cond_init(&batch->done, NULL);
+    batch->handle = ferry_handle_alloc(FERRY_HANDLE_BATCH, batch, engine);
+    if (batch->handle == 0) {
+        free(batch->requests);
+        free(batch);
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    pthread_mutex_lock(&engine->batches_lock);
+    batch->next = engine->batches;
+    engine->batches = batch;
+    pthread_mutex_unlock(&engine->batches_lock);
+    *batch_p = (ferry_batch_h)(uintptr_t)batch->handle;
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *requests,
+                                  size_t count)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (requests == NULL || count == 0)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_engine_t *engine = batch->engine;
+    pthread_mutex_lock(&batch->submit_lock);
+    if (atomic_load(&batch->pending) == 0) {
+        /* Everything earlier finished: the batch starts over. */
+        for (size_t i = 0; i < batch->used; i++)
+            request_release(engine, &batch->requests[i]);
+        batch->used = 0;
+    }
+    ferry_status_t status = FERRY_OK;
+    if (count > batch->max - batch->used) {
+        ferry_error("batch of %zu requests: %zu in use, %zu more submitted", batch->max,
+                    batch->used, count);
+        status = FERRY_ERR_TOO_MANY;
+        goto out_unlock;
+    }
+    request_state_t *reqs = &batch->requests[batch->used];
+    for (size_t i = 0; i < count; i++) {
+        status = resolve(batch, &requests[i], &reqs[i]);
+        if (status != FERRY_OK) {
+            for (size_t j = 0; j <= i; j++)
+                request_release(engine, &reqs[j]);
+            goto out_unlock;
+        }
+    }
+    atomic_fetch_add(&batch->pending, count);
+    batch->used += count;
+    for (size_t i = 0; i < count; i++)
+        launch(engine, &reqs[i]);
+out_unlock:
+    pthread_mutex_unlock(&batch->submit_lock);
+    return status;
+}
+
+ferry_status_t ferry_batch_status(ferry_batch_h handle, size_t index,
+                                  ferry_xfer_status_t *status_p)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (status_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&batch->submit_lock);
+    size_t used = batch->used;
+    pthread_mutex_unlock(&batch->submit_lock);
+    if (index >= used)
+        return FERRY_ERR_INVALID_PARAM;
+    request_state_t *req = &batch->requests[index];
+    status_p->state = atomic_load(&req->state);
+    status_p->error = (ferry_status_t)atomic_load(&req->error);
+    status_p->transferred = status_p->state == FERRY_XFER_COMPLETED ? req->length : 0;
+    status_p->transport = transport_name(batch->engine, req->transport);
+    return FERRY_OK;
+}
+
+static ferry_status_t send_attached_notify(ferry_batch_t *batch)
+{
+    pthread_mutex_lock(&batch->submit_lock);
+    char *rpc = batch->notify_rpc;
+    void *msg = batch->notify_msg;
+    size_t length = batch->notify_length;
+    batch->notify_rpc = NULL;
+    batch->notify_msg = NULL;
+    pthread_mutex_unlock(&batch->submit_lock);
+    if (rpc == NULL)
+        return FERRY_OK;
+    ferry_status_t status = ferry_engine_send_notify(batch->engine, rpc, msg, length);
+    free(rpc);
+    free(msg);
+    return status;
+}
+
+ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&batch->lock);
+    while (atomic_load(&batch->pending) > 0) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&batch->done, &batch->lock);
+        } else if (pthread_cond_timedwait(&batch->done, &batch->lock, &deadline) == ETIMEDOUT &&
+                   atomic_load(&batch->pending) > 0) {
+            pthread_mutex_unlock(&batch->lock);
+            return FERRY_ERR_TIMEOUT;
+        }
+    }
+    pthread_mutex_unlock(&batch->lock);
+
+    ferry_status_t result = FERRY_OK;
+    pthread_mutex_lock(&batch->submit_lock);
+    for (size_t i = 0; i < batch->used && result == FERRY_OK; i++)
+        result = (ferry_status_t)atomic_load(&batch->requests[i].error);
+    pthread_mutex_unlock(&batch->submit_lock);
+    if (result == FERRY_OK)
+        result = send_attached_notify(batch);
+    return result;
+}
+
+ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_handle,
+                                  const void *msg, size_t length)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    ferry_engine_t *engine = batch->engine;
+    ferry_segment_t *segment = ferry_handle_lookup((uint64_t)(uintptr_t)segment_handle,
+                                                   FERRY_HANDLE_SEGMENT, engine);
+    if (segment == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if ((msg == NULL && length > 0) || length > FERRY_NOTIFY_MAX)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_descriptor_t *desc;
+    ferry_status_t status = ferry_segment_descriptor(engine, segment, &desc);
+    if (status != FERRY_OK)
+        return status;
+    char *rpc = strdup(desc->rpc);
+    void *copy = malloc(length ? length : 1);
+    ferry_descriptor_unref(desc);
+    if (rpc == NULL || copy == NULL) {
+        free(rpc);
+        free(copy);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    if (length)
+        memcpy(copy, msg, length);
+    pthread_mutex_lock(&batch->submit_lock);
+    free(batch->notify_rpc);
+    free(batch->notify_msg);
+    batch->notify_rpc = rpc;
+    batch->notify_msg = copy;
+    batch->notify_length = length;
+    pthread_mutex_unlock(&batch->submit_lock);
+    return FERRY_OK;
+}
+
+static void batch_free(ferry_batch_t *batch)
+{
+    ferry_handle_free(batch->handle);
+    for (size_t i = 0; i < batch->used; i++)
+        request_release(batch->engine, &batch->requests[i]);
+    free(batch->notify_rpc);
+    free(batch->notify_msg);
+    free(batch->requests);
+    pthread_mutex_destroy(&batch->submit_lock);
+    pthread_mutex_destroy(&batch->lock);
+    pthread_cond_destroy(&batch->done);
+    free(batch);
+}
+
+ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (atomic_load(&batch->pending) > 0) {
+        ferry_error("ferry_batch_destroy: %zu request(s) still in flight",
+                    (size_t)atomic_load(&batch->pending));
+        return FERRY_ERR_BUSY;
+    }
+    ferry_engine_t *engine = batch->engine;
+    pthread_mutex_lock(&engine->batches_lock);
+    for (ferry_batch_t **p = &engine->batches; *p; p = &(*p)->next) {
+        if (*p == batch) {
+            *p = batch->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&engine->batches_lock);
+    batch_free(batch);
+    return FERRY_OK;
+}
+
+void ferry_batch_free_all(ferry_engine_t *engine)
+{
+    /* Transports are gone, so nothing completes any more. */
+    for (ferry_batch_t *batch = engine->batches, *next; batch; batch = next) {
+        next = batch->next;
+        batch_free(batch);
+    }
+    engine->batches = NULL;
+}

@@ -1,0 +1,268 @@
+/* The engine's internal objects: registry, descriptors, segment cache,
+ * batches, plugins.  Locking rules are stated next to each structure. */
+#ifndef FERRY_CORE_H
+#define FERRY_CORE_H
+
+#include "../util/util.h"
+
+#define FERRY_MAX_TRANSPORTS 8
+#define FERRY_DESCRIPTOR_VERSION 1
+#define FERRY_LOCAL_TRANSPORT_NAME "local"
+
+typedef struct ferry_engine ferry_engine_t;
+typedef struct ferry_batch ferry_batch_t;
+
+/* ---------------- plugin.c: built-in and loadable plugins ---------------- */
+
+typedef struct ferry_plugin_list {
+    const ferry_plugin_t *plugins[32];
+    size_t count;
+} ferry_plugin_list_t;
+
+/* Find a plugin by kind and name: built-in first, then module_dir. */
+ferry_status_t ferry_plugin_find(const char *module_dir, ferry_plugin_kind_t kind,
+                                 const char *name, const ferry_plugin_t **plugin_p);
+/* Every built-in plugin and every module found in module_dir. */
+void ferry_plugin_list_all(const char *module_dir, ferry_plugin_list_t *list);
+void ferry_plugin_list_release(ferry_plugin_list_t *list);
+const char *ferry_plugin_default_dir(void);
+
+/* ---------------- registry.c: the engine's registered ranges ---------------- */
+
+typedef struct ferry_reg_entry {
+    uintptr_t addr;
+    size_t length;
+    char *location;
+    unsigned flags;             /* FERRY_REG_REMOTE_* */
+    unsigned refs;              /* registrations of this exact range; registry lock */
+    atomic_uint inflight;       /* accesses holding the range (transfers) */
+    atomic_int dying;           /* unregister started: no new accesses */
+    void *memh[FERRY_MAX_TRANSPORTS];
+    char *keys[FERRY_MAX_TRANSPORTS];
+} ferry_reg_entry_t;
+
+/*
+ * Entries sorted by address.  `lock` (rwlock) protects entries/count:
+ * lookups read-lock it briefly, insert and remove write-lock it.
+ * Register and unregister are serialized by the engine's registration mutex,
+ * so transports register outside `lock`.
+ */
+typedef struct ferry_registry {
+    pthread_rwlock_t lock;
+    ferry_reg_entry_t **entries;
+    size_t count;
+    size_t capacity;
+    pthread_mutex_t drain_lock; /* with `drained`: waits for inflight == 0 */
+    pthread_cond_t drained;
+} ferry_registry_t;
+
+void ferry_registry_init(ferry_registry_t *registry);
+void ferry_registry_fini(ferry_registry_t *registry);
+/* Identical range: *entry_p is the existing entry (refs not yet taken),
+ * *is_new 0.  Partial overlap: FERRY_ERR_OVERLAP. */
+ferry_status_t ferry_registry_check(ferry_registry_t *registry, uintptr_t addr, size_t length,
+                                    ferry_reg_entry_t **entry_p);
+ferry_status_t ferry_registry_insert(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* Entry whose range starts at addr. */
+ferry_reg_entry_t *ferry_registry_find_start(ferry_registry_t *registry, uintptr_t addr);
+/* Remove from the ordered set and mark dying: new accesses are refused. */
+void ferry_registry_remove(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* Wait until no access holds the entry. */
+void ferry_registry_drain(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* Hold the entry containing [addr, addr+length), if `need` flags allow. */
+ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t addr,
+                                          size_t length, unsigned need);
+void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+ferry_reg_entry_t *ferry_reg_entry_new(uintptr_t addr, size_t length, const char *location,
+                                       unsigned flags);
+void ferry_reg_entry_free(ferry_reg_entry_t *entry);
+
+/* ---------------- descriptor.c: the segment descriptor and its codec ---------------- */
+
+typedef struct ferry_desc_transport {
+    char *name;
+    char *endpoint;
+} ferry_desc_transport_t;
+
+typedef struct ferry_desc_buffer {
+    uint64_t addr;
+    uint64_t length;
+    char *location;
+    unsigned access;   /* FERRY_REG_REMOTE_READ | _WRITE */
+    char **keys;       /* [n_transports]; NULL where a transport has no key */
+} ferry_desc_buffer_t;
+
+/* Immutable once built; shared by reference count. */
+typedef struct ferry_descriptor {
+    atomic_uint refs;
+    char *name;
+    uint64_t generation;
+    char *host_id;
+    char *rpc;
+    size_t n_transports;
+    ferry_desc_transport_t *transports;
+    size_t n_buffers;
+    ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint */
+} ferry_descriptor_t;
+
+ferry_descriptor_t *ferry_descriptor_new(void);
+ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
+void ferry_descriptor_unref(ferry_descriptor_t *desc);
+/* JSON text, malloc-ed. */
+ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **json_p);
+/* Strict: any type error, missing field, overflow or overlap is FERRY_ERR_DECODE. */
+ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
+                                       ferry_descriptor_t **desc_p);
+/* Sort buffers and reject overlaps (the decoder and the builder use it). */
+ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc);
+/* Buffer containing [addr, addr+length) or NULL. */
+const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,
+                                                 uint64_t length);
+int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name);
+
+/* ---------------- segment_cache.c: opened remote segments ---------------- */
+
+typedef struct ferry_segment {
+    uint64_t handle;
+    char *name;
+    unsigned opens;          /* cache lock */
+    int is_local;            /* this engine's own segment */
+    pthread_mutex_t lock;    /* desc, fetching, stale */
+    pthread_cond_t changed;
+    ferry_descriptor_t *desc;
+    int fetching;
+    ferry_status_t fetch_status;
+    int stale;               /* invalidated by its owner: refresh before use */
+    struct ferry_segment *next; /* cache lock */
+} ferry_segment_t;
+
+typedef struct ferry_segment_cache {
+    pthread_mutex_t lock; /* list and opens */
+    ferry_segment_t *list;
+} ferry_segment_cache_t;
+
+void ferry_segment_cache_init(ferry_segment_cache_t *cache);
+void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cache);
+ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
+                                        ferry_segment_t **segment_p);
+void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment);
+/* The current descriptor (referenced), refreshing first if it was invalidated. */
+ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
+                                        ferry_descriptor_t **desc_p);
+/* Fetch again; if seen != NULL only when the cached one is still `seen`
+ * (so racing threads refresh once). */
+ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *segment,
+                                     const ferry_descriptor_t *seen);
+ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name);
+/* The owner said its descriptor changed. */
+void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
+                                    uint64_t generation);
+
+/* ---------------- engine.c ---------------- */
+
+typedef struct ferry_transport_instance {
+    const ferry_plugin_t *plugin;
+    const ferry_transport_ops_t *ops;
+    void *ctx;
+    char *address;
+    atomic_ulong requests_served;
+} ferry_transport_instance_t;
+
+typedef struct ferry_subscriber {
+    char *rpc;
+    struct ferry_subscriber *next;
+} ferry_subscriber_t;
+
+typedef struct ferry_notify_item {
+    ferry_notify_t notify;
+    struct ferry_notify_item *next;
+} ferry_notify_item_t;
+
+typedef struct ferry_engine_settings {
+    char *segment_name;
+    char *metadata;
+    char *rpc_address;
+    char *transports;
+    char *module_dir;
+    char *host_id;
+    unsigned rpc_timeout_ms;
+    size_t rpc_max_frame;
+    unsigned invalidate_timeout_ms;
+} ferry_engine_settings_t;
+
+struct ferry_engine {
+    uint64_t handle;
+    ferry_engine_settings_t settings;
+    char *name;
+    uint64_t generation;
+    char host_id[128];
+    char advertise_host[256];
+    char rpc_endpoint[300];
+    ferry_transport_services_t transport_services;
+    ferry_metadata_services_t metadata_services;
+
+    ferry_registry_t registry;
+    pthread_mutex_t register_lock; /* serializes register/unregister/publish */
+
+    size_t n_transports;
+    ferry_transport_instance_t transports[FERRY_MAX_TRANSPORTS];
+
+    const ferry_plugin_t *metadata_plugin;
+    const ferry_metadata_ops_t *metadata;
+    void *metadata_ctx;
+
+    pthread_mutex_t published_lock; /* published_json, local_desc */
+    char *published_json;
+    ferry_descriptor_t *local_desc;
+
+    struct ferry_rpc_server *rpc_server;
+    ferry_segment_cache_t segments;
+
+    pthread_mutex_t subscribers_lock;
+    ferry_subscriber_t *subscribers;
+
+    pthread_mutex_t notify_lock;
+    ferry_notify_item_t *notify_head, *notify_tail;
+    size_t notify_count;
+
+    pthread_mutex_t batches_lock;
+    ferry_batch_t *batches;
+};
+
+ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);
+void ferry_engine_free(ferry_engine_t *engine);
+
+/* engine_register.c */
+/* Build the descriptor from the registry and publish it. Caller holds register_lock. */
+ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine);
+void ferry_engine_deregister_all(ferry_engine_t *engine);
+ferry_status_t ferry_engine_access_acquire(void *engine, uint64_t addr, uint64_t length,
+                                           ferry_access_t access, void **token_p);
+void ferry_engine_access_release(void *engine, void *token);
+void ferry_engine_peer_seen(void *engine, const char *rpc);
+void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc);
+
+/* engine_rpc.c */
+ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char *name,
+                                      char **descriptor_p);
+ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
+                                        const void *msg, size_t length);
+ferry_status_t ferry_engine_rpc_handle(ferry_engine_t *engine, int type, const void *payload,
+                                       size_t length, int *reply_type_p, void **reply_p,
+                                       size_t *reply_length_p);
+
+/* ---------------- batch.c ---------------- */
+
+/* The peer as a transport sees it, from desc and its transport index. */
+void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
+                            int desc_transport, ferry_peer_t *peer);
+/* Drop every transport's state for that peer incarnation. */
+void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc);
+void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
+void ferry_batch_free_all(ferry_engine_t *engine);
+
+/* ---------------- built-in plugins ---------------- */
+const ferry_plugin_t *ferry_tcp_plugin(void);
+const ferry_plugin_t *ferry_p2p_plugin(void);
+
+#endif

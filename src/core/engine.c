@@ -1,0 +1,377 @@
+/*
+ * The engine: settings, RPC listener, transports, metadata store, lifetime.
+ * Registration lives in engine_register.c, RPC handling in engine_rpc.c.
+ */
+#include "core.h"
+#include "../rpc/rpc.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SETTING(name_, default_, doc_, field_, type_)                                          \
+    {.name = name_, .default_value = default_, .doc = doc_,                                    \
+     .offset = offsetof(ferry_engine_settings_t, field_), .type = type_}
+
+static const ferry_setting_t engine_settings[] = {
+    SETTING("SEGMENT_NAME", "", "segment name peers open; empty: the metadata store's default "
+            "(p2p: the RPC host:port)", segment_name, FERRY_SETTING_STRING),
+    SETTING("METADATA", "p2p", "metadata store URI: p2p (no server), http://host:port/metadata, "
+            "etcd://host:port, redis://host:port, pmix", metadata, FERRY_SETTING_STRING),
+    SETTING("RPC_ADDRESS", "", "RPC listen address host[:port]; empty: this host's address, any "
+            "port", rpc_address, FERRY_SETTING_STRING),
+    SETTING("TRANSPORTS", "", "transports to enable, in order of preference (\"tcp,ucx\") or "
+            "excluded (\"^ucx\"); empty: every one found", transports, FERRY_SETTING_STRING),
+    SETTING("MODULE_DIR", "", "colon-separated directories of loadable plugins; empty: the "
+            "install directory", module_dir, FERRY_SETTING_STRING),
+    SETTING("HOST_ID", "", "host identity compared to pick same-host transports; empty: the "
+            "kernel boot id", host_id, FERRY_SETTING_STRING),
+    SETTING("RPC_TIMEOUT", "2000ms", "bound on each control-plane RPC step (connect, send, "
+            "reply)", rpc_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("RPC_MAX_FRAME", "64m", "largest RPC frame accepted", rpc_max_frame,
+            FERRY_SETTING_SIZE),
+    SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for each peer to "
+            "acknowledge an invalidation", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
+};
+
+const ferry_settings_table_t ferry_engine_settings_table = {
+    .component = NULL,
+    .title = "engine (FERRY_LOG_LEVEL=error|warn|info|debug|trace sets logging, default warn)",
+    .settings = engine_settings,
+    .count = FERRY_ARRAY_SIZE(engine_settings),
+};
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle)
+{
+    return ferry_handle_lookup((uint64_t)(uintptr_t)handle, FERRY_HANDLE_ENGINE, NULL);
+}
+
+static ferry_status_t apply_config(ferry_engine_settings_t *settings, const ferry_config_t *cfg)
+{
+    if (cfg == NULL)
+        return FERRY_OK;
+    struct {
+        uint64_t bit;
+        const char *value;
+        char **field;
+    } fields[] = {
+        {FERRY_CONFIG_FIELD_NAME, cfg->name, &settings->segment_name},
+        {FERRY_CONFIG_FIELD_METADATA, cfg->metadata, &settings->metadata},
+        {FERRY_CONFIG_FIELD_RPC_ADDRESS, cfg->rpc_address, &settings->rpc_address},
+        {FERRY_CONFIG_FIELD_TRANSPORTS, cfg->transports, &settings->transports},
+        {FERRY_CONFIG_FIELD_MODULE_DIR, cfg->module_dir, &settings->module_dir},
+        {FERRY_CONFIG_FIELD_HOST_ID, cfg->host_id, &settings->host_id},
+    };
+    for (size_t i = 0; i < FERRY_ARRAY_SIZE(fields); i++) {
+        if (!(cfg->field_mask & fields[i].bit))
+            continue;
+        char *copy = strdup(fields[i].value ? fields[i].value : "");
+        if (copy == NULL)
+            return FERRY_ERR_NO_MEMORY;
+        free(*fields[i].field);
+        *fields[i].field = copy;
+    }
+    return FERRY_OK;
+}
+
+static void read_host_id(ferry_engine_t *engine)
+{
+    if (engine->settings.host_id[0] != '\0') {
+        snprintf(engine->host_id, sizeof(engine->host_id), "%s", engine->settings.host_id);
+        return;
+    }
+    FILE *file = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (file == NULL || fgets(engine->host_id, sizeof(engine->host_id), file) == NULL) {
+        gethostname(engine->host_id, sizeof(engine->host_id) - 1);
+    }
+    if (file)
+        fclose(file);
+    engine->host_id[strcspn(engine->host_id, "\n")] = '\0';
+}
+
+static ferry_status_t start_rpc(ferry_engine_t *engine)
+{
+    char host[256] = "";
+    int port = 0;
+    const char *address = engine->settings.rpc_address;
+    if (*address != '\0' && ferry_net_split(address, host, sizeof(host), &port, 0) != FERRY_OK) {
+        ferry_error("FERRY_RPC_ADDRESS=\"%s\" is not host[:port]", address);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (host[0] == '\0')
+        ferry_net_default_host(host, sizeof(host));
+    /* A wildcard listen address is no address a peer can dial. */
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
+        ferry_net_default_host(engine->advertise_host, sizeof(engine->advertise_host));
+    else
+        snprintf(engine->advertise_host, sizeof(engine->advertise_host), "%s", host);
+    ferry_status_t status = ferry_rpc_server_start(
+        host, port, engine->settings.rpc_max_frame, engine->settings.rpc_timeout_ms,
+        (ferry_rpc_handler_fn)ferry_engine_rpc_handle, engine, &engine->rpc_server, &port);
+    if (status != FERRY_OK)
+        return status;
+    const char *fmt = strchr(engine->advertise_host, ':') ? "[%s]:%d" : "%s:%d";
+    snprintf(engine->rpc_endpoint, sizeof(engine->rpc_endpoint), fmt, engine->advertise_host,
+             port);
+    return FERRY_OK;
+}
+
+/* "etcd://h:p" -> "etcd"; "p2p" -> "p2p". */
+static void metadata_scheme(const char *uri, char *scheme, size_t len)
+{
+    size_t n = strcspn(uri, ":");
+    if (n >= len)
+        n = len - 1;
+    memcpy(scheme, uri, n);
+    scheme[n] = '\0';
+}
+
+static ferry_status_t start_metadata(ferry_engine_t *engine)
+{
+    char scheme[32];
+    const char *uri = engine->settings.metadata[0] ? engine->settings.metadata : "p2p";
+    metadata_scheme(uri, scheme, sizeof(scheme));
+    ferry_status_t status = ferry_plugin_find(engine->settings.module_dir, FERRY_PLUGIN_METADATA,
+                                              scheme, &engine->metadata_plugin);
+    if (status != FERRY_OK)
+        return status;
+    engine->metadata = engine->metadata_plugin->ops;
+    engine->metadata_services = (ferry_metadata_services_t){
+        .size = sizeof(ferry_metadata_services_t),
+        .engine = engine,
+        .rpc_endpoint = engine->rpc_endpoint,
+        .rpc_fetch = ferry_engine_rpc_fetch,
+    };
+    status = engine->metadata->create(&engine->metadata_services, uri, &engine->metadata_ctx);
+    if (status != FERRY_OK) {
+        ferry_error("metadata store \"%s\": %s", uri, ferry_status_string(status));
+        return status;
+    }
+    if (engine->settings.segment_name[0] != '\0') {
+        engine->name = strdup(engine->settings.segment_name);
+    } else if (engine->metadata->default_name != NULL) {
+        status = engine->metadata->default_name(engine->metadata_ctx, &engine->name);
+    } else {
+        char host[200];
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        engine->name = ferry_strdup_printf("%s-%d", host, (int)getpid());
+    }
+    if (status == FERRY_OK && engine->name == NULL)
+        status = FERRY_ERR_NO_MEMORY;
+    return status;
+}
+
+static ferry_status_t add_transport(ferry_engine_t *engine, const char *name)
+{
+    const ferry_plugin_t *plugin;
+    for (size_t i = 0; i < engine->n_transports; i++)
+        if (strcmp(engine->transports[i].plugin->name, name) == 0)
+            return FERRY_OK;
+    if (engine->n_transports == FERRY_MAX_TRANSPORTS) {
+        ferry_error("more than %d transports requested", FERRY_MAX_TRANSPORTS);
+        return FERRY_ERR_TOO_MANY;
+    }
+    ferry_status_t status = ferry_plugin_find(engine->settings.module_dir,
+                                              FERRY_PLUGIN_TRANSPORT, name, &plugin);
+    if (status != FERRY_OK)
+        return status;
+    ferry_transport_instance_t *tp = &engine->transports[engine->n_transports];
+    tp->plugin = plugin;
+    tp->ops = plugin->ops;
+    status = tp->ops->create(&engine->transport_services, &tp->ctx);
+    if (status != FERRY_OK) {
+        ferry_error("transport %s failed to start: %s", name, ferry_status_string(status));
+        return status;
+    }
+    status = tp->ops->address(tp->ctx, &tp->address);
+    if (status != FERRY_OK) {
+        tp->ops->destroy(tp->ctx);
+        return status;
+    }
+    engine->n_transports++;
+    return FERRY_OK;
+}
+
+static int name_in_list(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == len && strncmp(p, name, len) == 0)
+            return 1;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+/* Highest priority first, so selection takes the first transport that reaches. */
+static int by_priority(const void *a, const void *b)
+{
+    const ferry_transport_instance_t *x = a, *y = b;
+    return y->plugin->priority - x->plugin->priority;
+}
+
+static ferry_status_t start_transports(ferry_engine_t *engine)
+{
+    const char *list = engine->settings.transports;
+    ferry_status_t status = FERRY_OK;
+    if (*list != '\0' && *list != '^') {
+        /* An explicit list: every name must load, in the user's order. */
+        char *copy = strdup(list), *save = NULL;
+        for (char *name = strtok_r(copy, ",", &save); name && status == FERRY_OK;
+             name = strtok_r(NULL, ",", &save))
+            status = add_transport(engine, name);
+        free(copy);
+        return status;
+    }
+    ferry_plugin_list_t all;
+    ferry_plugin_list_all(engine->settings.module_dir, &all);
+    for (size_t i = 0; i < all.count && status == FERRY_OK; i++) {
+        const ferry_plugin_t *plugin = all.plugins[i];
+        if (plugin->kind != FERRY_PLUGIN_TRANSPORT || (*list && name_in_list(list + 1,
+                                                                             plugin->name)))
+            continue;
+        status = add_transport(engine, plugin->name);
+        if (status != FERRY_OK && strcmp(plugin->name, "tcp") != 0) {
+            ferry_warn("transport %s is skipped: %s", plugin->name, ferry_status_string(status));
+            status = FERRY_OK;
+        }
+    }
+    ferry_plugin_list_release(&all);
+    qsort(engine->transports, engine->n_transports, sizeof(engine->transports[0]), by_priority);
+    if (status == FERRY_OK && engine->n_transports == 0) {
+        ferry_error("FERRY_TRANSPORTS=\"%s\" leaves no transport", list);
+        status = FERRY_ERR_INVALID_PARAM;
+    }
+    return status;
+}
+
+ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h *engine_p)
+{
+    if (engine_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    pthread_once(&log_once, ferry_log_init);
+    ferry_engine_t *engine = calloc(1, sizeof(*engine));
+    if (engine == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = ferry_settings_read(NULL, engine_settings,
+                                                FERRY_ARRAY_SIZE(engine_settings),
+                                                &engine->settings);
+    if (status != FERRY_OK) {
+        free(engine);
+        return status;
+    }
+    ferry_registry_init(&engine->registry);
+    ferry_segment_cache_init(&engine->segments);
+    pthread_mutex_init(&engine->register_lock, NULL);
+    pthread_mutex_init(&engine->published_lock, NULL);
+    pthread_mutex_init(&engine->subscribers_lock, NULL);
+    pthread_mutex_init(&engine->notify_lock, NULL);
+    pthread_mutex_init(&engine->batches_lock, NULL);
+    engine->generation = ferry_random_u64();
+
+    status = apply_config(&engine->settings, config);
+    if (status != FERRY_OK)
+        goto err_destroy;
+    read_host_id(engine);
+    status = start_rpc(engine);
+    if (status != FERRY_OK)
+        goto err_destroy;
+    status = start_metadata(engine);
+    if (status != FERRY_OK)
+        goto err_destroy;
+    engine->transport_services = (ferry_transport_services_t){
+        .size = sizeof(ferry_transport_services_t),
+        .engine = engine,
+        .segment_name = engine->name,
+        .generation = engine->generation,
+        .rpc_endpoint = engine->rpc_endpoint,
+        .advertise_host = engine->advertise_host,
+        .access_acquire = ferry_engine_access_acquire,
+        .access_release = ferry_engine_access_release,
+        .slice_done = ferry_batch_slice_done,
+        .peer_seen = ferry_engine_peer_seen,
+    };
+    status = start_transports(engine);
+    if (status != FERRY_OK)
+        goto err_destroy;
+    engine->handle = ferry_handle_alloc(FERRY_HANDLE_ENGINE, engine, NULL);
+    if (engine->handle == 0) {
+        status = FERRY_ERR_NO_RESOURCE;
+        goto err_destroy;
+    }
+    pthread_mutex_lock(&engine->register_lock);
+    status = ferry_engine_publish_locked(engine);
+    pthread_mutex_unlock(&engine->register_lock);
+    if (status != FERRY_OK)
+        ferry_warn("segment %s is not published yet: %s (registrations will retry)",
+                   engine->name, ferry_status_string(status));
+    ferry_info("engine %s up: rpc %s, generation 0x%016llx, %zu transport(s)", engine->name,
+               engine->rpc_endpoint, (unsigned long long)engine->generation,
+               engine->n_transports);
+    *engine_p = (ferry_engine_h)(uintptr_t)engine->handle;
+    return FERRY_OK;
+
+err_destroy:
+    ferry_engine_free(engine);
+    return status;
+}
+
+void ferry_engine_free(ferry_engine_t *engine)
+{
+    if (engine->handle)
+        ferry_handle_free(engine->handle);
+    /* Peers stop reaching us first, then transports fail what is in flight. */
+    if (engine->rpc_server)
+        ferry_rpc_server_stop(engine->rpc_server);
+    ferry_engine_deregister_all(engine);
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        engine->transports[i].ops->destroy(engine->transports[i].ctx);
+        free(engine->transports[i].address);
+    }
+    ferry_batch_free_all(engine);
+    ferry_segment_cache_fini(engine, &engine->segments);
+    if (engine->metadata_ctx) {
+        if (engine->name)
+            engine->metadata->remove(engine->metadata_ctx, engine->name);
+        engine->metadata->destroy(engine->metadata_ctx);
+    }
+    ferry_registry_fini(&engine->registry);
+    for (ferry_subscriber_t *s = engine->subscribers, *next; s; s = next) {
+        next = s->next;
+        free(s->rpc);
+        free(s);
+    }
+    for (ferry_notify_item_t *n = engine->notify_head, *next; n; n = next) {
+        next = n->next;
+        free(n);
+    }
+    free(engine->published_json);
+    if (engine->local_desc)
+        ferry_descriptor_unref(engine->local_desc);
+    ferry_settings_release(engine_settings, FERRY_ARRAY_SIZE(engine_settings),
+                           &engine->settings);
+    free(engine->name);
+    free(engine);
+}
+
+void ferry_engine_destroy(ferry_engine_h handle)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL) {
+        ferry_warn("ferry_engine_destroy: invalid engine handle %p", (void *)handle);
+        return;
+    }
+    ferry_engine_free(engine);
+}
+
+const char *ferry_engine_segment_name(ferry_engine_h handle)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    return engine ? engine->name : NULL;
+}

@@ -1,0 +1,355 @@
+/*
+ * Registration: ranges enter the registry, every transport registers them,
+ * the descriptor is rebuilt and published.  Unregister runs the same steps
+ * backwards and then tells the peers that use this segment.
+ */
+#include "core.h"
+#include "../rpc/rpc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static unsigned normalize_flags(unsigned flags)
+{
+    if ((flags & FERRY_REG_REMOTE) == 0)
+        flags |= FERRY_REG_REMOTE;
+    return flags;
+}
+
+static void transports_deregister(ferry_engine_t *engine, ferry_reg_entry_t *entry)
+{
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        if (entry->memh[i] != NULL)
+            engine->transports[i].ops->mem_deregister(engine->transports[i].ctx,
+                                                      entry->memh[i]);
+        entry->memh[i] = NULL;
+    }
+}
+
+static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entry_t *entry)
+{
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        ferry_status_t status = tp->ops->mem_register(tp->ctx, (void *)entry->addr,
+                                                      entry->length, entry->location,
+                                                      &entry->keys[i], &entry->memh[i]);
+        if (status != FERRY_OK) {
+            ferry_error("transport %s cannot register [%p, +%zu) at %s: %s", tp->plugin->name,
+                        (void *)entry->addr, entry->length, entry->location,
+                        ferry_status_string(status));
+            transports_deregister(engine, entry);
+            return status;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Adds one range or one reference; caller holds register_lock. */
+static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t *region,
+                                   unsigned flags, ferry_reg_entry_t **entry_p, int *added_p)
+{
+    ferry_reg_entry_t *entry;
+    uintptr_t addr = (uintptr_t)region->addr;
+    *added_p = 0;
+    if (region->addr == NULL || region->length == 0 || addr + region->length < addr) {
+        ferry_error("register [%p, +%zu): NULL address, zero length or wrap-around",
+                    region->addr, region->length);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    ferry_status_t status = ferry_registry_check(&engine->registry, addr, region->length, &entry);
+    if (status == FERRY_ERR_OVERLAP) {
+        ferry_error("register [%p, +%zu): partially overlaps a registered range",
+                    region->addr, region->length);
+        return status;
+    }
+    if (entry != NULL) {
+        entry->refs++;
+        *entry_p = entry;
+        return FERRY_OK;
+    }
+    entry = ferry_reg_entry_new(addr, region->length, region->location, flags);
+    if (entry == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    status = transports_register(engine, entry);
+    if (status == FERRY_OK)
+        status = ferry_registry_insert(&engine->registry, entry);
+    if (status != FERRY_OK) {
+        transports_deregister(engine, entry);
+        ferry_reg_entry_free(entry);
+        return status;
+    }
+    *entry_p = entry;
+    *added_p = 1;
+    return FERRY_OK;
+}
+
+/* Undo a reference taken by register_one; caller holds register_lock. */
+static void unregister_one(ferry_engine_t *engine, ferry_reg_entry_t *entry)
+{
+    if (--entry->refs > 0)
+        return;
+    ferry_registry_remove(&engine->registry, entry);
+    ferry_registry_drain(&engine->registry, entry);
+    transports_deregister(engine, entry);
+    ferry_reg_entry_free(entry);
+}
+
+ferry_status_t ferry_register_batch(ferry_engine_h handle, const ferry_region_t *regions,
+                                    size_t count, unsigned flags)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (regions == NULL || count == 0)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_reg_entry_t **done = calloc(count, sizeof(*done));
+    if (done == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    flags = normalize_flags(flags);
+    ferry_status_t status = FERRY_OK;
+    size_t n = 0;
+    pthread_mutex_lock(&engine->register_lock);
+    for (; n < count; n++) {
+        int added;
+        status = register_one(engine, &regions[n], flags & FERRY_REG_REMOTE, &done[n], &added);
+        if (status != FERRY_OK)
+            break;
+    }
+    if (status != FERRY_OK) {
+        /* All or nothing: drop what this call took, newest first. */
+        while (n-- > 0)
+            unregister_one(engine, done[n]);
+    } else if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
+        ferry_status_t published = ferry_engine_publish_locked(engine);
+        if (published != FERRY_OK)
+            ferry_warn("registered, but publishing segment %s failed: %s", engine->name,
+                       ferry_status_string(published));
+    }
+    pthread_mutex_unlock(&engine->register_lock);
+    free(done);
+    return status;
+}
+
+ferry_status_t ferry_register(ferry_engine_h handle, void *addr, size_t length,
+                              const char *location, unsigned flags)
+{
+    ferry_region_t region = {.addr = addr, .length = length, .location = location};
+    return ferry_register_batch(handle, &region, 1, flags);
+}
+
+static void invalidate_peers(ferry_engine_t *engine)
+{
+    ferry_wire_writer_t writer = {0};
+    ferry_wire_put_str(&writer, engine->name);
+    ferry_wire_put_u64(&writer, engine->generation);
+    if (writer.failed) {
+        free(writer.data);
+        return;
+    }
+    /* Copy the list: the RPCs below must not run under subscribers_lock. */
+    pthread_mutex_lock(&engine->subscribers_lock);
+    size_t count = 0;
+    for (ferry_subscriber_t *s = engine->subscribers; s; s = s->next)
+        count++;
+    char **targets = calloc(count ? count : 1, sizeof(*targets));
+    count = 0;
+    for (ferry_subscriber_t *s = engine->subscribers; s && targets; s = s->next)
+        if ((targets[count] = strdup(s->rpc)) != NULL)
+            count++;
+    pthread_mutex_unlock(&engine->subscribers_lock);
+
+    for (size_t i = 0; i < count; i++) {
+        ferry_status_t status = ferry_rpc_call(
+            targets[i], FERRY_RPC_INVALIDATE, writer.data, writer.length,
+            engine->settings.invalidate_timeout_ms, engine->settings.rpc_max_frame, NULL, NULL);
+        if (status != FERRY_OK) {
+            /* A peer that cannot hear us is gone; it refetches when it returns. */
+            ferry_info("peer %s did not take the invalidation (%s); forgetting it", targets[i],
+                       ferry_status_string(status));
+            ferry_engine_peer_forget_rpc(engine, targets[i]);
+        }
+        free(targets[i]);
+    }
+    free(targets);
+    free(writer.data);
+}
+
+ferry_status_t ferry_unregister(ferry_engine_h handle, void *addr)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    pthread_mutex_lock(&engine->register_lock);
+    ferry_reg_entry_t *entry = ferry_registry_find_start(&engine->registry, (uintptr_t)addr);
+    if (entry == NULL) {
+        pthread_mutex_unlock(&engine->register_lock);
+        ferry_error("unregister %p: no registered range starts there", addr);
+        return FERRY_ERR_NOT_REGISTERED;
+    }
+    int last = entry->refs == 1;
+    unregister_one(engine, entry);
+    ferry_status_t status = last ? ferry_engine_publish_locked(engine) : FERRY_OK;
+    pthread_mutex_unlock(&engine->register_lock);
+    if (last)
+        invalidate_peers(engine);
+    if (status != FERRY_OK)
+        ferry_warn("unregistered, but publishing segment %s failed: %s", engine->name,
+                   ferry_status_string(status));
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_publish(ferry_engine_h handle)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    pthread_mutex_lock(&engine->register_lock);
+    ferry_status_t status = ferry_engine_publish_locked(engine);
+    pthread_mutex_unlock(&engine->register_lock);
+    return status;
+}
+
+static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p)
+{
+    ferry_descriptor_t *desc = ferry_descriptor_new();
+    if (desc == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    desc->name = strdup(engine->name);
+    desc->generation = engine->generation;
+    desc->host_id = strdup(engine->host_id);
+    desc->rpc = strdup(engine->rpc_endpoint);
+    desc->transports = calloc(engine->n_transports + 1, sizeof(*desc->transports));
+    ferry_status_t status = FERRY_ERR_NO_MEMORY;
+    if (!desc->name || !desc->host_id || !desc->rpc || !desc->transports)
+        goto err_unref;
+    for (size_t i = 0; i < engine->n_transports; i++, desc->n_transports++) {
+        desc->transports[i].name = strdup(engine->transports[i].plugin->name);
+        desc->transports[i].endpoint = strdup(engine->transports[i].address);
+        if (!desc->transports[i].name || !desc->transports[i].endpoint)
+            goto err_unref;
+    }
+    ferry_registry_t *registry = &engine->registry;
+    pthread_rwlock_rdlock(&registry->lock);
+    desc->buffers = calloc(registry->count + 1, sizeof(*desc->buffers));
+    for (size_t i = 0; desc->buffers && i < registry->count; i++) {
+        const ferry_reg_entry_t *entry = registry->entries[i];
+        ferry_desc_buffer_t *buffer = &desc->buffers[desc->n_buffers++];
+        buffer->addr = entry->addr;
+        buffer->length = entry->length;
+        buffer->access = entry->flags & FERRY_REG_REMOTE;
+        buffer->location = strdup(entry->location);
+        buffer->keys = calloc(engine->n_transports + 1, sizeof(char *));
+        if (!buffer->location || !buffer->keys)
+            break;
+        for (size_t t = 0; t < engine->n_transports; t++)
+            if (entry->keys[t] && !(buffer->keys[t] = strdup(entry->keys[t])))
+                break;
+    }
+    pthread_rwlock_unlock(&registry->lock);
+    if (desc->buffers == NULL)
+        goto err_unref;
+    *desc_p = desc;
+    return FERRY_OK;
+
+err_unref:
+    ferry_descriptor_unref(desc);
+    return status;
+}
+
+ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
+{
+    ferry_descriptor_t *desc;
+    char *json;
+    ferry_status_t status = build_descriptor(engine, &desc);
+    if (status != FERRY_OK)
+        return status;
+    status = ferry_descriptor_encode(desc, &json);
+    if (status != FERRY_OK) {
+        ferry_descriptor_unref(desc);
+        return status;
+    }
+    pthread_mutex_lock(&engine->published_lock);
+    char *old_json = engine->published_json;
+    ferry_descriptor_t *old_desc = engine->local_desc;
+    engine->published_json = json;
+    engine->local_desc = desc;
+    pthread_mutex_unlock(&engine->published_lock);
+    free(old_json);
+    if (old_desc)
+        ferry_descriptor_unref(old_desc);
+    return engine->metadata->publish(engine->metadata_ctx, engine->name, json);
+}
+
+ferry_status_t ferry_engine_access_acquire(void *arg, uint64_t addr, uint64_t length,
+                                           ferry_access_t access, void **token_p)
+{
+    ferry_engine_t *engine = arg;
+    unsigned need = (access & FERRY_ACCESS_WRITE ? FERRY_REG_REMOTE_WRITE : 0) |
+                    (access & FERRY_ACCESS_READ ? FERRY_REG_REMOTE_READ : 0);
+    if (addr > UINTPTR_MAX || length > SIZE_MAX)
+        return FERRY_ERR_OUT_OF_RANGE;
+    ferry_reg_entry_t *entry = ferry_registry_acquire(&engine->registry, (uintptr_t)addr,
+                                                      (size_t)length, need);
+    if (entry == NULL) {
+        ferry_warn("refused a remote %s of [0x%llx, +%llu): not inside a registered, "
+                   "remote-%s buffer", access & FERRY_ACCESS_WRITE ? "write" : "read",
+                   (unsigned long long)addr, (unsigned long long)length,
+                   access & FERRY_ACCESS_WRITE ? "writable" : "readable");
+        return FERRY_ERR_OUT_OF_RANGE;
+    }
+    *token_p = entry;
+    return FERRY_OK;
+}
+
+void ferry_engine_access_release(void *arg, void *token)
+{
+    ferry_engine_t *engine = arg;
+    ferry_registry_release(&engine->registry, token);
+}
+
+void ferry_engine_peer_seen(void *arg, const char *rpc)
+{
+    ferry_engine_t *engine = arg;
+    if (rpc == NULL || *rpc == '\0' || strcmp(rpc, engine->rpc_endpoint) == 0)
+        return;
+    pthread_mutex_lock(&engine->subscribers_lock);
+    ferry_subscriber_t *s = engine->subscribers;
+    while (s && strcmp(s->rpc, rpc) != 0)
+        s = s->next;
+    if (s == NULL && (s = calloc(1, sizeof(*s))) != NULL) {
+        if ((s->rpc = strdup(rpc)) != NULL) {
+            s->next = engine->subscribers;
+            engine->subscribers = s;
+        } else {
+            free(s);
+        }
+    }
+    pthread_mutex_unlock(&engine->subscribers_lock);
+}
+
+void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc)
+{
+    pthread_mutex_lock(&engine->subscribers_lock);
+    for (ferry_subscriber_t **p = &engine->subscribers; *p; p = &(*p)->next) {
+        if (strcmp((*p)->rpc, rpc) == 0) {
+            ferry_subscriber_t *gone = *p;
+            *p = gone->next;
+            free(gone->rpc);
+            free(gone);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&engine->subscribers_lock);
+}
+
+void ferry_engine_deregister_all(ferry_engine_t *engine)
+{
+    ferry_registry_t *registry = &engine->registry;
+    pthread_rwlock_wrlock(&registry->lock);
+    for (size_t i = 0; i < registry->count; i++) {
+        transports_deregister(engine, registry->entries[i]);
+        ferry_reg_entry_free(registry->entries[i]);
+    }
+    registry->count = 0;
+    pthread_rwlock_unlock(&registry->lock);
+}

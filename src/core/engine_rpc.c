@@ -1,0 +1,198 @@
+/*
+ * The engine's side of the control-plane RPC: serving its descriptor,
+ * queueing notifies, answering probes, taking invalidations; and the client
+ * calls the engine makes (p2p fetch, notify send).
+ */
+#include "core.h"
+#include "../rpc/rpc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NOTIFY_QUEUE_MAX 65536
+
+static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *in,
+                                   void **reply_p, size_t *reply_length_p)
+{
+    char name[1024], from[300];
+    ferry_wire_get_str(in, name, sizeof(name));
+    ferry_wire_get_str(in, from, sizeof(from));
+    if (in->failed)
+        return FERRY_ERR_PROTOCOL;
+    if (name[0] != '\0' && strcmp(name, engine->name) != 0) {
+        ferry_debug("fetch of segment \"%s\" from %s: this engine is \"%s\"", name, from,
+                    engine->name);
+        return FERRY_ERR_SEGMENT_NOT_FOUND;
+    }
+    ferry_engine_peer_seen(engine, from);
+    pthread_mutex_lock(&engine->published_lock);
+    char *json = engine->published_json ? strdup(engine->published_json) : NULL;
+    pthread_mutex_unlock(&engine->published_lock);
+    if (json == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    *reply_p = json;
+    *reply_length_p = strlen(json);
+    return FERRY_OK;
+}
+
+static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t *in)
+{
+    ferry_notify_item_t *item = calloc(1, sizeof(*item));
+    if (item == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    size_t length;
+    ferry_wire_get_str(in, item->notify.from, sizeof(item->notify.from));
+    const void *msg = ferry_wire_get_bytes(in, &length);
+    if (in->failed || length > FERRY_NOTIFY_MAX) {
+        free(item);
+        return FERRY_ERR_PROTOCOL;
+    }
+    memcpy(item->notify.msg, msg, length);
+    item->notify.length = length;
+    ferry_status_t status = FERRY_OK;
+    pthread_mutex_lock(&engine->notify_lock);
+    if (engine->notify_count >= NOTIFY_QUEUE_MAX) {
+        status = FERRY_ERR_NO_RESOURCE;
+    } else {
+        if (engine->notify_tail)
+            engine->notify_tail->next = item;
+        else
+            engine->notify_head = item;
+        engine->notify_tail = item;
+        engine->notify_count++;
+    }
+    pthread_mutex_unlock(&engine->notify_lock);
+    if (status != FERRY_OK) {
+        ferry_warn("notify from %s dropped: %d notifies wait unread", item->notify.from,
+                   NOTIFY_QUEUE_MAX);
+        free(item);
+    }
+    return status;
+}
+
+ferry_status_t ferry_engine_rpc_handle(ferry_engine_t *engine, int type, const void *payload,
+                                       size_t length, int *reply_type_p, void **reply_p,
+                                       size_t *reply_length_p)
+{
+    ferry_wire_reader_t in = {.data = payload, .length = length};
+    ferry_wire_writer_t out = {0};
+    ferry_status_t status;
+    switch (type) {
+    case FERRY_RPC_FETCH:
+        *reply_type_p = FERRY_RPC_FETCH_REPLY;
+        return handle_fetch(engine, &in, reply_p, reply_length_p);
+    case FERRY_RPC_NOTIFY:
+        *reply_type_p = FERRY_RPC_NOTIFY_ACK;
+        return handle_notify(engine, &in);
+    case FERRY_RPC_PROBE:
+        *reply_type_p = FERRY_RPC_PROBE_REPLY;
+        ferry_wire_put_u64(&out, engine->generation);
+        ferry_wire_put_str(&out, engine->name);
+        *reply_p = out.data;
+        *reply_length_p = out.length;
+        return out.failed ? FERRY_ERR_NO_MEMORY : FERRY_OK;
+    case FERRY_RPC_INVALIDATE: {
+        char name[1024];
+        *reply_type_p = FERRY_RPC_INVALIDATE_ACK;
+        ferry_wire_get_str(&in, name, sizeof(name));
+        uint64_t generation = ferry_wire_get_u64(&in);
+        if (in.failed)
+            return FERRY_ERR_PROTOCOL;
+        ferry_segment_cache_invalidate(engine, name, generation);
+        return FERRY_OK;
+    }
+    default:
+        status = FERRY_ERR_PROTOCOL;
+        ferry_warn("RPC request of unknown type %d ignored", type);
+        return status;
+    }
+}
+
+ferry_status_t ferry_engine_rpc_fetch(void *arg, const char *rpc, const char *name,
+                                      char **descriptor_p)
+{
+    ferry_engine_t *engine = arg;
+    ferry_wire_writer_t out = {0};
+    ferry_wire_put_str(&out, name);
+    ferry_wire_put_str(&out, engine->rpc_endpoint);
+    if (out.failed) {
+        free(out.data);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    size_t length;
+    ferry_status_t status = ferry_rpc_call(rpc, FERRY_RPC_FETCH, out.data, out.length,
+                                           engine->settings.rpc_timeout_ms,
+                                           engine->settings.rpc_max_frame,
+                                           (void **)descriptor_p, &length);
+    free(out.data);
+    return status;
+}
+
+ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
+                                        const void *msg, size_t length)
+{
+    if (length > FERRY_NOTIFY_MAX) {
+        ferry_error("notify of %zu bytes exceeds FERRY_NOTIFY_MAX (%d)", length,
+                    FERRY_NOTIFY_MAX);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    ferry_wire_writer_t out = {0};
+    ferry_wire_put_str(&out, engine->name);
+    ferry_wire_put_bytes(&out, msg, length);
+    if (out.failed) {
+        free(out.data);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    ferry_status_t status = ferry_rpc_call(rpc, FERRY_RPC_NOTIFY, out.data, out.length,
+                                           engine->settings.rpc_timeout_ms,
+                                           engine->settings.rpc_max_frame, NULL, NULL);
+    free(out.data);
+    if (status != FERRY_OK)
+        ferry_error("notify to %s failed: %s", rpc, ferry_status_string(status));
+    return status;
+}
+
+ferry_status_t ferry_notify_send(ferry_engine_h handle, ferry_segment_h segment_handle,
+                                 const void *msg, size_t length)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    ferry_segment_t *segment = ferry_handle_lookup((uint64_t)(uintptr_t)segment_handle,
+                                                   FERRY_HANDLE_SEGMENT, engine);
+    if (segment == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (msg == NULL && length > 0)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_descriptor_t *desc;
+    ferry_status_t status = ferry_segment_descriptor(engine, segment, &desc);
+    if (status != FERRY_OK)
+        return status;
+    status = ferry_engine_send_notify(engine, desc->rpc, msg, length);
+    ferry_descriptor_unref(desc);
+    return status;
+}
+
+ferry_status_t ferry_notify_recv(ferry_engine_h handle, ferry_notify_t *msgs, size_t max,
+                                 size_t *count_p)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (count_p == NULL || (msgs == NULL && max > 0))
+        return FERRY_ERR_INVALID_PARAM;
+    size_t n = 0;
+    pthread_mutex_lock(&engine->notify_lock);
+    while (n < max && engine->notify_head) {
+        ferry_notify_item_t *item = engine->notify_head;
+        engine->notify_head = item->next;
+        if (engine->notify_head == NULL)
+            engine->notify_tail = NULL;
+        engine->notify_count--;
+        msgs[n++] = item->notify;
+        free(item);
+    }
+    pthread_mutex_unlock(&engine->notify_lock);
+    *count_p = n;
+    return FERRY_OK;
+}

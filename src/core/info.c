@@ -1,0 +1,54 @@
+/* What ferry_info prints: version, plugins, settings. */
+#include <config.h>
+
+#include "core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern const ferry_settings_table_t ferry_engine_settings_table;
+
+const char *ferry_version_string(void)
+{
+    return PACKAGE_VERSION;
+}
+
+void ferry_info_print(FILE *out, unsigned what)
+{
+    ferry_plugin_list_t all;
+    const char *module_dir = getenv("FERRY_MODULE_DIR");
+    ferry_plugin_list_all(module_dir, &all);
+    if (what & FERRY_INFO_VERSION)
+        fprintf(out, "# Ferry version %s, plugin ABI %d\n", PACKAGE_VERSION,
+                FERRY_PLUGIN_ABI_VERSION);
+    if (what & FERRY_INFO_PLUGINS) {
+        fprintf(out, "# module path: %s\n",
+                module_dir && *module_dir ? module_dir : ferry_plugin_default_dir());
+        for (size_t i = 0; i < all.count; i++) {
+            const ferry_plugin_t *plugin = all.plugins[i];
+            int builtin = plugin == ferry_tcp_plugin() || plugin == ferry_p2p_plugin();
+            fprintf(out, "%-9s %-8s %-8s %s\n",
+                    plugin->kind == FERRY_PLUGIN_TRANSPORT ? "transport" : "metadata",
+                    plugin->name, builtin ? "built-in" : "module", plugin->description);
+            if (plugin->info)
+                plugin->info(out);
+        }
+    }
+    if (what & FERRY_INFO_SETTINGS) {
+        ferry_settings_print(out, &ferry_engine_settings_table);
+        for (size_t i = 0; i < all.count; i++) {
+            const ferry_plugin_t *plugin = all.plugins[i];
+            if (plugin->settings_count == 0)
+                continue;
+            char title[128];
+            snprintf(title, sizeof(title), "%s %s", plugin->name,
+                     plugin->kind == FERRY_PLUGIN_TRANSPORT ? "transport" : "metadata store");
+            ferry_settings_table_t table = {.component = plugin->settings_component,
+                                            .title = title,
+                                            .settings = plugin->settings,
+                                            .count = plugin->settings_count};
+            ferry_settings_print(out, &table);
+        }
+    }
+    ferry_plugin_list_release(&all);
+}

@@ -1,0 +1,88 @@
+/* Control-plane RPC between engines: length-prefixed, versioned frames over
+ * TCP.  One request and one reply per frame pair; a frame larger than the
+ * bound, a bad magic or version, or a frame that does not arrive in time
+ * closes that connection only. */
+#ifndef FERRY_RPC_H
+#define FERRY_RPC_H
+
+#include "../util/util.h"
+
+#define FERRY_RPC_MAGIC 0x46525259u /* "FRRY" */
+#define FERRY_RPC_VERSION 1
+#define FERRY_RPC_HEADER_SIZE 16
+
+typedef enum ferry_rpc_type {
+    FERRY_RPC_FETCH = 1,          /* str name, str requester rpc -> descriptor JSON */
+    FERRY_RPC_FETCH_REPLY = 2,
+    FERRY_RPC_NOTIFY = 3,         /* str from, bytes msg -> empty */
+    FERRY_RPC_NOTIFY_ACK = 4,
+    FERRY_RPC_PROBE = 5,          /* empty -> u64 generation, str name */
+    FERRY_RPC_PROBE_REPLY = 6,
+    FERRY_RPC_INVALIDATE = 7,     /* str name, u64 generation -> empty */
+    FERRY_RPC_INVALIDATE_ACK = 8,
+    FERRY_RPC_ERROR_REPLY = 9,    /* status in header, empty payload */
+} ferry_rpc_type_t;
+
+/* Header on the wire, big-endian: magic u32, version u8, type u8,
+ * reserved u16 (0), status i32, payload length u32. */
+typedef struct ferry_rpc_header {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t type;
+    uint16_t reserved;
+    int32_t status;
+    uint32_t length;
+} ferry_rpc_header_t;
+
+void ferry_rpc_header_pack(const ferry_rpc_header_t *header, uint8_t out[FERRY_RPC_HEADER_SIZE]);
+/* FERRY_ERR_PROTOCOL on bad magic/version/reserved or length > max_frame. */
+ferry_status_t ferry_rpc_header_unpack(const uint8_t in[FERRY_RPC_HEADER_SIZE],
+                                       size_t max_frame, ferry_rpc_header_t *header);
+
+/* Handler run by the server thread for each request; must not block on the
+ * network.  *reply_p is malloc-ed (or NULL); the returned status goes into
+ * the reply header. */
+typedef ferry_status_t (*ferry_rpc_handler_fn)(void *arg, int type, const void *payload,
+                                               size_t length, int *reply_type_p,
+                                               void **reply_p, size_t *reply_length_p);
+
+typedef struct ferry_rpc_server ferry_rpc_server_t;
+
+ferry_status_t ferry_rpc_server_start(const char *host, int port, size_t max_frame,
+                                      unsigned timeout_ms, ferry_rpc_handler_fn handler,
+                                      void *arg, ferry_rpc_server_t **server_p, int *port_p);
+void ferry_rpc_server_stop(ferry_rpc_server_t *server);
+
+/* Connect, send one request, read one reply, close.  Every step bounded by
+ * timeout_ms.  A reply whose header status is an error returns that status. */
+ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payload,
+                              size_t length, unsigned timeout_ms, size_t max_frame,
+                              void **reply_p, size_t *reply_length_p);
+
+/* ---- wire.c: payload encoding (big-endian, length-prefixed strings) ---- */
+
+typedef struct ferry_wire_writer {
+    uint8_t *data;
+    size_t length;
+    size_t capacity;
+    int failed;
+} ferry_wire_writer_t;
+
+void ferry_wire_put_u64(ferry_wire_writer_t *writer, uint64_t value);
+void ferry_wire_put_bytes(ferry_wire_writer_t *writer, const void *data, size_t length);
+void ferry_wire_put_str(ferry_wire_writer_t *writer, const char *text);
+
+typedef struct ferry_wire_reader {
+    const uint8_t *data;
+    size_t length;
+    size_t offset;
+    int failed;
+} ferry_wire_reader_t;
+
+uint64_t ferry_wire_get_u64(ferry_wire_reader_t *reader);
+/* Points into the payload; *length_p bytes. NULL and failed on truncation. */
+const void *ferry_wire_get_bytes(ferry_wire_reader_t *reader, size_t *length_p);
+/* Copies into out (NUL-terminated); fails when it does not fit or holds NUL. */
+void ferry_wire_get_str(ferry_wire_reader_t *reader, char *out, size_t out_size);
+
+#endif

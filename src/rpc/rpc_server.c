@@ -1,0 +1,519 @@
+/*
+ * RPC server: one thread, one poll() loop over the listening socket, a wake-up
+ * eventfd and the client connections.  Sockets are non-blocking so that a
+ * slow or hostile peer can only ever cost its own connection.
+ *
+ * Per connection, requests are handled one at a time: read the header, then
+ * the payload, call the handler, queue the reply.  While a reply has not gone
+ * out, the connection is not read, so a client that pipelines requests without
+ * reading replies is held back by TCP instead of growing our memory.
+ */
+#include "rpc.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define RPC_MAX_CONNS 256
+#define RPC_BACKLOG 1024
+/* A frame's first read allocates at most this much; the payload buffer then
+ * grows with the bytes that really arrive, so a header that merely claims a
+ * large frame costs nothing. */
+#define RPC_PAYLOAD_CHUNK (64 * 1024)
+/* Reads per connection per wake-up, so one busy peer cannot starve others. */
+#define RPC_READS_PER_EVENT 64
+#define RPC_IDLE_FACTOR 10
+#define RPC_WARN_INTERVAL_MS 10000
+#define RPC_ACCEPT_PAUSE_MS 100
+
+typedef struct rpc_conn {
+    int fd;
+    char peer[INET6_ADDRSTRLEN + 8];
+    uint8_t header_bytes[FERRY_RPC_HEADER_SIZE];
+    size_t header_got;
+    ferry_rpc_header_t header; /* valid once header_got == FERRY_RPC_HEADER_SIZE */
+    uint8_t *payload;
+    size_t payload_capacity;
+    size_t payload_got;
+    uint8_t *out;           /* unsent part of the replies: out[out_sent, out_length) */
+    size_t out_length;
+    size_t out_sent;
+    size_t out_capacity;
+    uint64_t frame_start_ms; /* first byte of the frame being read; 0: none */
+    uint64_t active_ms;      /* last byte moved either way */
+    uint64_t out_progress_ms;
+} rpc_conn_t;
+
+struct ferry_rpc_server {
+    int listen_fd;
+    int wake_fd;
+    pthread_t thread;
+    size_t max_frame;
+    unsigned timeout_ms;
+    ferry_rpc_handler_fn handler;
+    void *arg;
+    /* Everything below belongs to the server thread alone. */
+    rpc_conn_t *conns[RPC_MAX_CONNS];
+    size_t n_conns;
+    uint64_t accept_paused_until_ms;
+    uint64_t refused_warned_ms;
+    unsigned long refused;
+};
+
+static void conn_close(ferry_rpc_server_t *server, size_t index)
+{
+    rpc_conn_t *conn = server->conns[index];
+    close(conn->fd);
+    free(conn->payload);
+    free(conn->out);
+    free(conn);
+    server->conns[index] = NULL;
+}
+
+static void format_peer(const struct sockaddr_storage *addr, socklen_t addrlen, char *out,
+                        size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    char port[8] = "?";
+    getnameinfo((const struct sockaddr *)addr, addrlen, host, sizeof(host), port, sizeof(port),
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(out, len, addr->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+}
+
+/* Full or out of descriptors: say so, but not once per connection attempt. */
+static void warn_refused(ferry_rpc_server_t *server, uint64_t now, const char *why)
+{
+    server->refused++;
+    if (server->refused_warned_ms != 0 && now - server->refused_warned_ms < RPC_WARN_INTERVAL_MS)
+        return;
+    ferry_warn("RPC server: refusing connections (%s); %lu refused since the last warning", why,
+               server->refused);
+    server->refused_warned_ms = now;
+    server->refused = 0;
+}
+
+static void accept_all(ferry_rpc_server_t *server, uint64_t now)
+{
+    for (;;) {
+        struct sockaddr_storage addr;
+        socklen_t addrlen = sizeof(addr);
+        int fd = accept4(server->listen_fd, (struct sockaddr *)&addr, &addrlen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            /* The pending connection stays queued and the listener stays
+             * readable: step back for a moment instead of spinning. */
+            warn_refused(server, now, strerror(errno));
+            server->accept_paused_until_ms = now + RPC_ACCEPT_PAUSE_MS;
+            return;
+        }
+        if (server->n_conns == RPC_MAX_CONNS) {
+            close(fd);
+            warn_refused(server, now, "256 connections open");
+            continue;
+        }
+        rpc_conn_t *conn = calloc(1, sizeof(*conn));
+        if (conn == NULL) {
+            close(fd);
+            warn_refused(server, now, "out of memory");
+            continue;
+        }
+        conn->fd = fd;
+        conn->active_ms = now;
+        format_peer(&addr, addrlen, conn->peer, sizeof(conn->peer));
+        server->conns[server->n_conns++] = conn;
+        ferry_trace("RPC connection from %s", conn->peer);
+    }
+}
+
+/* Returns 0 when the connection broke. */
+static int conn_flush(rpc_conn_t *conn, uint64_t now)
+{
+    while (conn->out_sent < conn->out_length) {
+        ssize_t sent = send(conn->fd, conn->out + conn->out_sent,
+                            conn->out_length - conn->out_sent, MSG_NOSIGNAL);
+        if (sent < 0 && errno == EINTR)
+            continue;
+        if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 1;
+        if (sent <= 0) {
+            ferry_debug("RPC connection from %s: send: %s", conn->peer, strerror(errno));
+            return 0;
+        }
+        conn->out_sent += (size_t)sent;
+        conn->out_progress_ms = now;
+        conn->active_ms = now;
+    }
+    conn->out_sent = conn->out_length = 0;
+    /* A large reply should not pin its buffer for the connection's life. */
+    if (conn->out_capacity > RPC_PAYLOAD_CHUNK) {
+        free(conn->out);
+        conn->out = NULL;
+        conn->out_capacity = 0;
+    }
+    return 1;
+}
+
+/* Send header+reply now if the socket takes it; keep what it did not take.
+ * Only called with nothing queued, as a connection is not read while a reply
+ * is out.  Returns 0 when the connection broke or the copy could not be made. */
+static int conn_queue_reply(rpc_conn_t *conn, uint8_t *header, void *reply, size_t reply_length,
+                            uint64_t now)
+{
+    struct iovec iov[2] = {{header, FERRY_RPC_HEADER_SIZE}, {reply, reply_length}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = reply_length ? 2 : 1};
+    ssize_t rc;
+    do {
+        rc = sendmsg(conn->fd, &msg, MSG_NOSIGNAL);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        ferry_debug("RPC connection from %s: send: %s", conn->peer, strerror(errno));
+        return 0;
+    }
+    size_t sent = rc > 0 ? (size_t)rc : 0;
+    size_t left = FERRY_RPC_HEADER_SIZE + reply_length - sent;
+    conn->active_ms = conn->out_progress_ms = now;
+    if (left == 0)
+        return 1;
+    if (conn->out_capacity < left) {
+        uint8_t *out = realloc(conn->out, left);
+        if (out == NULL) {
+            ferry_error("RPC connection from %s: no memory for a %zu-byte reply", conn->peer,
+                        left);
+            return 0;
+        }
+        conn->out = out;
+        conn->out_capacity = left;
+    }
+    for (int i = 0; i < 2; i++) {
+        size_t skip = FERRY_MIN(sent, iov[i].iov_len);
+        if (iov[i].iov_len > skip)
+            memcpy(conn->out + conn->out_length, (uint8_t *)iov[i].iov_base + skip,
+                   iov[i].iov_len - skip);
+        conn->out_length += iov[i].iov_len - skip;
+        sent -= skip;
+    }
+    return 1;
+}
+
+static int is_request_type(int type)
+{
+    return type == FERRY_RPC_FETCH || type == FERRY_RPC_NOTIFY || type == FERRY_RPC_PROBE ||
+           type == FERRY_RPC_INVALIDATE;
+}
+
+/* Run the handler on the complete frame and queue its reply. */
+static int conn_dispatch(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
+{
+    static const uint8_t empty[1];
+    int type = conn->header.type;
+    int reply_type = 0;
+    void *reply = NULL;
+    size_t reply_length = 0;
+    const void *payload = conn->header.length ? conn->payload : empty;
+    ferry_status_t status = server->handler(server->arg, type, payload, conn->header.length,
+                                            &reply_type, &reply, &reply_length);
+    if (reply == NULL)
+        reply_length = 0;
+    if (reply_type == 0)
+        reply_type = status < 0 || !is_request_type(type) ? FERRY_RPC_ERROR_REPLY : type + 1;
+    if (reply_type < FERRY_RPC_FETCH || reply_type > FERRY_RPC_ERROR_REPLY) {
+        ferry_error("RPC handler gave reply type %d to request type %d", reply_type, type);
+        reply_type = FERRY_RPC_ERROR_REPLY;
+        status = FERRY_ERR_PROTOCOL;
+    }
+    /* The peer would drop a reply over its bound as garbage: say why instead. */
+    if (reply_length > server->max_frame) {
+        ferry_error("RPC reply of %zu bytes to request type %d exceeds the %zu-byte frame "
+                    "limit", reply_length, type, server->max_frame);
+        reply_type = FERRY_RPC_ERROR_REPLY;
+        status = FERRY_ERR_NO_RESOURCE;
+    }
+    if (reply_type == FERRY_RPC_ERROR_REPLY)
+        reply_length = 0;
+
+    ferry_rpc_header_t header = {.magic = FERRY_RPC_MAGIC, .version = FERRY_RPC_VERSION,
+                                 .type = (uint8_t)reply_type, .status = status,
+                                 .length = (uint32_t)reply_length};
+    uint8_t header_bytes[FERRY_RPC_HEADER_SIZE];
+    ferry_rpc_header_pack(&header, header_bytes);
+    int ok = conn_queue_reply(conn, header_bytes, reply, reply_length, now);
+    free(reply);
+
+    free(conn->payload);
+    conn->payload = NULL;
+    conn->payload_capacity = conn->payload_got = 0;
+    conn->header_got = 0;
+    conn->frame_start_ms = 0;
+    return ok;
+}
+
+/* Make room for the next read of the payload.  Returns 0 on no memory. */
+static int conn_grow_payload(rpc_conn_t *conn)
+{
+    size_t length = conn->header.length;
+    if (conn->payload_got < conn->payload_capacity)
+        return 1;
+    size_t capacity = FERRY_MAX(conn->payload_capacity * 2, (size_t)RPC_PAYLOAD_CHUNK);
+    capacity = FERRY_MIN(capacity, length);
+    uint8_t *payload = realloc(conn->payload, capacity);
+    if (payload == NULL) {
+        ferry_error("RPC connection from %s: no memory for a %zu-byte frame", conn->peer,
+                    length);
+        return 0;
+    }
+    conn->payload = payload;
+    conn->payload_capacity = capacity;
+    return 1;
+}
+
+/* Read what the socket has and serve every request it completes.
+ * Returns 0 when the connection must be closed. */
+static int conn_read(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
+{
+    for (int reads = 0; reads < RPC_READS_PER_EVENT; reads++) {
+        int in_header = conn->header_got < FERRY_RPC_HEADER_SIZE;
+        uint8_t *dst;
+        size_t want;
+        if (in_header) {
+            dst = conn->header_bytes + conn->header_got;
+            want = FERRY_RPC_HEADER_SIZE - conn->header_got;
+        } else {
+            if (!conn_grow_payload(conn))
+                return 0;
+            dst = conn->payload + conn->payload_got;
+            want = conn->payload_capacity - conn->payload_got;
+        }
+        ssize_t got = recv(conn->fd, dst, want, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 1;
+        int in_frame = conn->frame_start_ms != 0;
+        if (got < 0) {
+            if (in_frame)
+                ferry_warn("RPC connection from %s failed inside a frame: %s", conn->peer,
+                           strerror(errno));
+            return 0;
+        }
+        if (got == 0) {
+            if (in_frame) {
+                ferry_warn("RPC connection from %s closed inside a frame (%zu of %zu header "
+                           "bytes, %zu of %u payload bytes)", conn->peer, conn->header_got,
+                           (size_t)FERRY_RPC_HEADER_SIZE, conn->payload_got,
+                           in_header ? 0u : conn->header.length);
+                return 0;
+            }
+            /* Replies are out before we read again, so nothing is lost by
+             * closing: a client may shut its side after its last request. */
+            return 0;
+        }
+        conn->active_ms = now;
+        if (!in_frame)
+            conn->frame_start_ms = now;
+        if (in_header) {
+            conn->header_got += (size_t)got;
+            if (conn->header_got < FERRY_RPC_HEADER_SIZE)
+                continue;
+            if (ferry_rpc_header_unpack(conn->header_bytes, server->max_frame,
+                                        &conn->header) != FERRY_OK) {
+                ferry_warn("RPC connection from %s sent a bad header (magic 0x%08x version %u "
+                           "type %u reserved %u length %u, limit %zu); closing it", conn->peer,
+                           conn->header.magic, conn->header.version, conn->header.type,
+                           conn->header.reserved, conn->header.length, server->max_frame);
+                return 0;
+            }
+        } else {
+            conn->payload_got += (size_t)got;
+        }
+        if (conn->header_got == FERRY_RPC_HEADER_SIZE &&
+            conn->payload_got == conn->header.length) {
+            if (!conn_dispatch(server, conn, now))
+                return 0;
+            if (conn->out_length > 0)
+                return 1; /* wait for the reply to drain before reading more */
+        }
+    }
+    return 1;
+}
+
+/* When this connection must next be looked at; UINT64_MAX: never. */
+static uint64_t conn_deadline(const ferry_rpc_server_t *server, const rpc_conn_t *conn)
+{
+    uint64_t timeout = server->timeout_ms;
+    if (timeout == 0)
+        return UINT64_MAX;
+    uint64_t deadline = conn->active_ms + RPC_IDLE_FACTOR * timeout;
+    if (conn->frame_start_ms != 0)
+        deadline = FERRY_MIN(deadline, conn->frame_start_ms + timeout);
+    if (conn->out_length > 0)
+        deadline = FERRY_MIN(deadline, conn->out_progress_ms + timeout);
+    return deadline;
+}
+
+/* Returns 0 when the connection overstayed and must be closed. */
+static int conn_check_deadline(const ferry_rpc_server_t *server, const rpc_conn_t *conn,
+                               uint64_t now)
+{
+    if (now < conn_deadline(server, conn))
+        return 1;
+    unsigned timeout = server->timeout_ms;
+    if (conn->out_length > 0 && now >= conn->out_progress_ms + timeout)
+        ferry_warn("RPC connection from %s took no reply bytes for %u ms; closing it",
+                   conn->peer, timeout);
+    else if (conn->frame_start_ms != 0 && now >= conn->frame_start_ms + timeout)
+        ferry_warn("RPC connection from %s did not complete a frame within %u ms (%zu header, "
+                   "%zu payload bytes); closing it", conn->peer, timeout, conn->header_got,
+                   conn->payload_got);
+    else
+        ferry_debug("RPC connection from %s idle for %u ms; closing it", conn->peer,
+                    RPC_IDLE_FACTOR * timeout);
+    return 0;
+}
+
+static void *server_main(void *arg)
+{
+    ferry_rpc_server_t *server = arg;
+    struct pollfd fds[2 + RPC_MAX_CONNS];
+    for (;;) {
+        uint64_t now = ferry_time_ms();
+        uint64_t deadline = UINT64_MAX;
+        fds[0] = (struct pollfd){.fd = server->wake_fd, .events = POLLIN};
+        fds[1] = (struct pollfd){.fd = server->listen_fd, .events = POLLIN};
+        if (now < server->accept_paused_until_ms) {
+            fds[1].fd = -1; /* poll ignores negative descriptors */
+            deadline = server->accept_paused_until_ms;
+        }
+        size_t polled = server->n_conns;
+        for (size_t i = 0; i < polled; i++) {
+            rpc_conn_t *conn = server->conns[i];
+            fds[2 + i].fd = conn->fd;
+            fds[2 + i].events = conn->out_length > 0 ? POLLOUT : POLLIN;
+            fds[2 + i].revents = 0;
+            deadline = FERRY_MIN(deadline, conn_deadline(server, conn));
+        }
+        int wait_ms = -1;
+        if (deadline != UINT64_MAX)
+            wait_ms = deadline <= now ? 0 : (int)FERRY_MIN(deadline - now, (uint64_t)INT_MAX);
+        int rc = poll(fds, 2 + polled, wait_ms);
+        if (rc < 0 && errno != EINTR) {
+            ferry_error("RPC server: poll: %s", strerror(errno));
+            break;
+        }
+        if (rc > 0 && (fds[0].revents & POLLIN))
+            break;
+        now = ferry_time_ms();
+        for (size_t i = 0; rc > 0 && i < polled; i++) {
+            rpc_conn_t *conn = server->conns[i];
+            short revents = fds[2 + i].revents;
+            if (revents == 0)
+                continue;
+            int ok = conn->out_length > 0 ? conn_flush(conn, now) : conn_read(server, conn, now);
+            if (!ok)
+                conn_close(server, i);
+        }
+        for (size_t i = 0; i < polled; i++) {
+            if (server->conns[i] != NULL && !conn_check_deadline(server, server->conns[i], now))
+                conn_close(server, i);
+        }
+        /* Compact before accepting so freed slots are reusable right away. */
+        size_t kept = 0;
+        for (size_t i = 0; i < server->n_conns; i++) {
+            if (server->conns[i] != NULL)
+                server->conns[kept++] = server->conns[i];
+        }
+        server->n_conns = kept;
+        if (rc > 0 && (fds[1].revents & POLLIN))
+            accept_all(server, now);
+    }
+    return NULL;
+}
+
+ferry_status_t ferry_rpc_server_start(const char *host, int port, size_t max_frame,
+                                      unsigned timeout_ms, ferry_rpc_handler_fn handler,
+                                      void *arg, ferry_rpc_server_t **server_p, int *port_p)
+{
+    if (host == NULL || handler == NULL || server_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_rpc_server_t *server = calloc(1, sizeof(*server));
+    if (server == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    /* The length field is 32 bits: a larger bound means "whatever fits". */
+    server->max_frame = FERRY_MIN(max_frame, (size_t)UINT32_MAX);
+    server->timeout_ms = timeout_ms;
+    server->handler = handler;
+    server->arg = arg;
+
+    ferry_status_t status = FERRY_ERR_IO;
+    server->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (server->wake_fd < 0) {
+        ferry_error("RPC server: eventfd: %s", strerror(errno));
+        goto err_free_server;
+    }
+    int actual_port;
+    status = ferry_net_listen(host, port, RPC_BACKLOG, &server->listen_fd, &actual_port);
+    if (status != FERRY_OK)
+        goto err_close_wake;
+    int flags = fcntl(server->listen_fd, F_GETFL);
+    if (flags < 0 || fcntl(server->listen_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        ferry_error("RPC server: fcntl: %s", strerror(errno));
+        status = FERRY_ERR_IO;
+        goto err_close_listen;
+    }
+
+    /* The application's signal handlers must not run on our thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&server->thread, NULL, server_main, server);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        ferry_error("RPC server: pthread_create: %s", strerror(rc));
+        status = FERRY_ERR_NO_RESOURCE;
+        goto err_close_listen;
+    }
+    ferry_debug("RPC server listening on %s:%d", host, actual_port);
+    if (port_p != NULL)
+        *port_p = actual_port;
+    *server_p = server;
+    return FERRY_OK;
+
+err_close_listen:
+    close(server->listen_fd);
+err_close_wake:
+    close(server->wake_fd);
+err_free_server:
+    free(server);
+    return status;
+}
+
+void ferry_rpc_server_stop(ferry_rpc_server_t *server)
+{
+    if (server == NULL)
+        return;
+    uint64_t one = 1;
+    ssize_t rc;
+    do {
+        rc = write(server->wake_fd, &one, sizeof(one));
+    } while (rc < 0 && errno == EINTR);
+    pthread_join(server->thread, NULL);
+    for (size_t i = 0; i < server->n_conns; i++)
+        conn_close(server, i);
+    close(server->listen_fd);
+    close(server->wake_fd);
+    free(server);
+}

@@ -1,0 +1,517 @@
+/*
+ * ferry_bench: transfer throughput between two engines, in the manner of
+ * Mooncake's transfer_engine_bench.  One process is the target (registers a
+ * buffer and waits), the other the initiator (opens the target's segment and
+ * moves blocks in batches for a duration).  --spawn runs both from one
+ * command.  Blocks wrap around each thread's buffer, so a buffer smaller than
+ * batch x block stays cache-resident like ucx_perftest's single buffer.
+ */
+#include <ferry/ferry.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SEGMENT_LINE "FERRY_BENCH_SEGMENT "
+
+typedef struct options {
+    const char *mode;
+    const char *metadata;
+    const char *segment;
+    const char *transport;
+    int write;
+    size_t block_size;
+    size_t batch_size;
+    unsigned threads;
+    double duration;
+    size_t buffer_size;
+    int verify;
+    int spawn;
+} options_t;
+
+typedef struct thread_ctx {
+    const options_t *opts;
+    ferry_engine_h engine;
+    ferry_segment_h segment;
+    unsigned char *local;   /* this thread's part of the local buffer */
+    uint64_t remote;        /* this thread's part of the remote buffer */
+    pthread_barrier_t *start;
+    uint64_t bytes, requests, batches;
+    double seconds;
+    int failed;
+    char transport[32];
+} thread_ctx_t;
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    stop_requested = 1;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_size(const char *text, size_t *value_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (end == text || errno || *text == '-')
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (*end != '\0')
+        return -1;
+    *value_p = (size_t)(value << shift);
+    return 0;
+}
+
+/* The byte a target holds at offset o of its buffer (read --verify). */
+static unsigned char pattern(uint64_t offset, unsigned round)
+{
+    return (unsigned char)((offset * 131u + round * 17u + 7u) >> 3);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "Usage: ferry_bench [--spawn | --mode=target | --mode=initiator --segment=NAME] [options]\n"
+        "  --spawn               start a target process and run the initiator against it\n"
+        "  --mode=MODE           target (register a buffer, serve until SIGTERM) or initiator\n"
+        "  --metadata=URI        metadata store (default: FERRY_METADATA, else p2p)\n"
+        "  --segment=NAME        initiator: the target's segment name\n"
+        "  --operation=OP        read or write (default write)\n"
+        "  --block-size=BYTES    bytes per request (default 64k; k/m/g suffixes)\n"
+        "  --batch-size=N        requests per batch (default 128)\n"
+        "  --threads=N           initiator threads, each with its own batch (default 1)\n"
+        "  --duration=SECONDS    initiator run time (default 5)\n"
+        "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
+        "                        most 64m; blocks wrap around it)\n"
+        "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
+        "  --verify              check every byte moved (throughput then means little)\n"
+        "Prints throughput in GB/s (10^9 bytes per second) and requests per second.\n");
+}
+
+static int parse_options(int argc, char **argv, options_t *o)
+{
+    static const struct option long_options[] = {
+        {"mode", required_argument, NULL, 'M'},      {"metadata", required_argument, NULL, 'm'},
+        {"segment", required_argument, NULL, 's'},   {"operation", required_argument, NULL, 'o'},
+        {"block-size", required_argument, NULL, 'b'}, {"batch-size", required_argument, NULL, 'B'},
+        {"threads", required_argument, NULL, 't'},   {"duration", required_argument, NULL, 'd'},
+        {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
+        {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
+        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+    };
+    *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
+                     .threads = 1, .duration = 5.0};
+    int opt;
+    char *end;
+    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        switch (opt) {
+        case 'M': o->mode = optarg; break;
+        case 'm': o->metadata = optarg; break;
+        case 's': o->segment = optarg; break;
+        case 'T': o->transport = optarg; break;
+        case 'v': o->verify = 1; break;
+        case 'P': o->spawn = 1; break;
+        case 'o':
+            if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
+                fprintf(stderr, "ferry_bench: --operation is read or write, not %s\n", optarg);
+                return -1;
+            }
+            o->write = strcmp(optarg, "write") == 0;
+            break;
+        case 'b':
+            if (parse_size(optarg, &o->block_size) || o->block_size == 0) {
+                fprintf(stderr, "ferry_bench: bad --block-size %s\n", optarg);
+                return -1;
+            }
+            break;
+        case 'B':
+            if (parse_size(optarg, &o->batch_size) || o->batch_size == 0) {
+                fprintf(stderr, "ferry_bench: bad --batch-size %s\n", optarg);
+                return -1;
+            }
+            break;
+        case 'S':
+            if (parse_size(optarg, &o->buffer_size) || o->buffer_size == 0) {
+                fprintf(stderr, "ferry_bench: bad --buffer-size %s\n", optarg);
+                return -1;
+            }
+            break;
+        case 't':
+            o->threads = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || o->threads == 0 || o->threads > 256) {
+                fprintf(stderr, "ferry_bench: --threads is 1..256\n");
+                return -1;
+            }
+            break;
+        case 'd':
+            o->duration = strtod(optarg, &end);
+            if (*end || o->duration < 0) {
+                fprintf(stderr, "ferry_bench: bad --duration %s\n", optarg);
+                return -1;
+            }
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry_bench: unexpected argument %s\n", argv[optind]);
+        return -1;
+    }
+    if (strcmp(o->mode, "target") && strcmp(o->mode, "initiator")) {
+        fprintf(stderr, "ferry_bench: --mode is target or initiator\n");
+        return -1;
+    }
+    if (o->buffer_size == 0) {
+        size_t want = o->block_size * o->batch_size;
+        o->buffer_size = want < ((size_t)64 << 20) ? want : ((size_t)64 << 20);
+    }
+    if (o->buffer_size < o->block_size)
+        o->buffer_size = o->block_size;
+    if (!o->spawn && !strcmp(o->mode, "initiator") && o->segment == NULL) {
+        fprintf(stderr, "ferry_bench: the initiator needs --segment=NAME (or use --spawn)\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int make_engine(const options_t *o, ferry_engine_h *engine_p)
+{
+    ferry_config_t config = {0};
+    if (o->metadata) {
+        config.field_mask |= FERRY_CONFIG_FIELD_METADATA;
+        config.metadata = o->metadata;
+    }
+    if (o->transport) {
+        config.field_mask |= FERRY_CONFIG_FIELD_TRANSPORTS;
+        config.transports = o->transport;
+    }
+    ferry_status_t status = ferry_engine_create(&config, engine_p);
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: engine: %s\n", ferry_status_string(status));
+        return -1;
+    }
+    return 0;
+}
+
+static unsigned char *alloc_buffer(size_t size)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size) != 0) {
+        fprintf(stderr, "ferry_bench: cannot allocate %zu bytes\n", size);
+        return NULL;
+    }
+    return p;
+}
+
+static int run_target(const options_t *o)
+{
+    ferry_engine_h engine;
+    if (make_engine(o, &engine))
+        return 1;
+    size_t total = o->buffer_size * o->threads;
+    unsigned char *buffer = alloc_buffer(total);
+    if (buffer == NULL)
+        return 1;
+    for (size_t i = 0; i < total; i++)
+        buffer[i] = pattern(i % o->buffer_size, 0);
+    ferry_status_t status = ferry_register(engine, buffer, total, "cpu", FERRY_REG_REMOTE);
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
+        return 1;
+    }
+    printf(SEGMENT_LINE "%s\n", ferry_engine_segment_name(engine));
+    printf("FERRY_BENCH_BUFFER 0x%" PRIxPTR " %zu\n", (uintptr_t)buffer, total);
+    fflush(stdout);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    /* Serve until SIGTERM/SIGINT; a spawned target also ends when its parent
+     * closes our stdin (or dies). */
+    while (!stop_requested) {
+        struct pollfd pfd = {.fd = o->spawn ? 0 : -1, .events = POLLIN};
+        int rc = poll(&pfd, 1, 200);
+        if (rc > 0) {
+            char scratch[256];
+            if (read(0, scratch, sizeof(scratch)) <= 0)
+                break;
+        }
+    }
+    ferry_unregister(engine, buffer);
+    ferry_engine_destroy(engine);
+    free(buffer);
+    return 0;
+}
+
+static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, unsigned round,
+                         unsigned char *scratch)
+{
+    const options_t *o = ctx->opts;
+    size_t slots = o->buffer_size / o->block_size;
+    for (size_t i = 0; i < o->batch_size; i++) {
+        size_t offset = ((first + i) % slots) * o->block_size;
+        unsigned char *got = ctx->local + offset;
+        if (o->write) {
+            /* Read the block back and compare with what was written. */
+            ferry_request_t req = {FERRY_OP_READ, scratch, ctx->segment, ctx->remote + offset,
+                                   o->block_size};
+            if (ferry_batch_submit(batch, &req, 1) != FERRY_OK ||
+                ferry_batch_wait(batch, -1) != FERRY_OK)
+                return -1;
+            got = scratch;
+        }
+        for (size_t b = 0; b < o->block_size; b++) {
+            unsigned char want = pattern(offset + b, o->write ? round : 0);
+            if (got[b] != want) {
+                fprintf(stderr, "ferry_bench: verify failed at block offset %zu byte %zu: got "
+                        "0x%02x, want 0x%02x\n", offset, b, got[b], want);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static void *initiator_thread(void *arg)
+{
+    thread_ctx_t *ctx = arg;
+    const options_t *o = ctx->opts;
+    ferry_batch_h batch;
+    ferry_request_t *reqs = calloc(o->batch_size, sizeof(*reqs));
+    unsigned char *scratch = o->verify ? alloc_buffer(o->block_size) : NULL;
+    size_t slots = o->buffer_size / o->block_size;
+    ferry_status_t status = ferry_batch_create(ctx->engine, o->batch_size, &batch);
+    pthread_barrier_wait(ctx->start);
+    if (status != FERRY_OK || reqs == NULL || (o->verify && scratch == NULL)) {
+        ctx->failed = 1;
+        return NULL;
+    }
+    size_t next = 0;
+    unsigned round = 0;
+    double begin = now_seconds(), end = begin + o->duration;
+    do {
+        size_t first = next;
+        for (size_t i = 0; i < o->batch_size; i++, next++) {
+            size_t offset = (next % slots) * o->block_size;
+            if (o->verify && o->write)
+                for (size_t b = 0; b < o->block_size; b++)
+                    ctx->local[offset + b] = pattern(offset + b, round);
+            reqs[i] = (ferry_request_t){o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
+                                        ctx->local + offset, ctx->segment,
+                                        ctx->remote + offset, o->block_size};
+        }
+        status = ferry_batch_submit(batch, reqs, o->batch_size);
+        if (status == FERRY_OK)
+            status = ferry_batch_wait(batch, -1);
+        if (status != FERRY_OK) {
+            fprintf(stderr, "ferry_bench: batch failed: %s\n", ferry_status_string(status));
+            ctx->failed = 1;
+            break;
+        }
+        if (ctx->batches == 0) {
+            ferry_xfer_status_t xs;
+            if (ferry_batch_status(batch, 0, &xs) == FERRY_OK)
+                snprintf(ctx->transport, sizeof(ctx->transport), "%s", xs.transport);
+        }
+        ctx->batches++;
+        ctx->requests += o->batch_size;
+        ctx->bytes += (uint64_t)o->batch_size * o->block_size;
+        if (o->verify && verify_blocks(ctx, batch, first, round, scratch) != 0) {
+            ctx->failed = 1;
+            break;
+        }
+        round++;
+    } while (now_seconds() < end && !stop_requested);
+    ctx->seconds = now_seconds() - begin;
+    ferry_batch_destroy(batch);
+    free(reqs);
+    free(scratch);
+    return NULL;
+}
+
+static int run_initiator(const options_t *o, const char *segment_name)
+{
+    ferry_engine_h engine;
+    ferry_segment_h segment;
+    if (make_engine(o, &engine))
+        return 1;
+    ferry_status_t status = ferry_segment_open(engine, segment_name, &segment);
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: open segment %s: %s\n", segment_name,
+                ferry_status_string(status));
+        ferry_engine_destroy(engine);
+        return 1;
+    }
+    /* The remote buffer is the segment's first (and only) buffer. */
+    char *json = NULL;
+    uint64_t remote = 0;
+    if (ferry_segment_describe(engine, segment, &json) == FERRY_OK) {
+        const char *addr = strstr(json, "\"addr\":\"");
+        if (addr)
+            remote = strtoull(addr + 8, NULL, 16);
+    }
+    free(json);
+    size_t total = o->buffer_size * o->threads;
+    unsigned char *buffer = alloc_buffer(total);
+    if (remote == 0 || buffer == NULL) {
+        fprintf(stderr, "ferry_bench: segment %s has no buffer\n", segment_name);
+        return 1;
+    }
+    memset(buffer, 0, total);
+    status = ferry_register(engine, buffer, total, "cpu", FERRY_REG_REMOTE);
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
+        return 1;
+    }
+    thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
+    pthread_t *tids = calloc(o->threads, sizeof(*tids));
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, o->threads + 1);
+    for (unsigned t = 0; t < o->threads; t++) {
+        ctxs[t] = (thread_ctx_t){.opts = o, .engine = engine, .segment = segment,
+                                 .local = buffer + (size_t)t * o->buffer_size,
+                                 .remote = remote + (uint64_t)t * o->buffer_size,
+                                 .start = &start};
+        pthread_create(&tids[t], NULL, initiator_thread, &ctxs[t]);
+    }
+    pthread_barrier_wait(&start);
+    uint64_t bytes = 0, requests = 0;
+    double seconds = 0;
+    int failed = 0;
+    for (unsigned t = 0; t < o->threads; t++) {
+        pthread_join(tids[t], NULL);
+        bytes += ctxs[t].bytes;
+        requests += ctxs[t].requests;
+        failed |= ctxs[t].failed;
+        if (ctxs[t].seconds > seconds)
+            seconds = ctxs[t].seconds;
+    }
+    if (seconds <= 0)
+        seconds = 1e-9;
+    printf("ferry_bench: %s, transport %s, block %zu B, batch %zu, threads %u, buffer %zu B, "
+           "%.2f s%s\n", o->write ? "write" : "read", ctxs[0].transport[0] ? ctxs[0].transport
+           : "?", o->block_size, o->batch_size, o->threads, o->buffer_size, seconds,
+           o->verify ? ", verified" : "");
+    printf("throughput: %.3f GB/s, %.0f requests/s\n", bytes / seconds / 1e9,
+           requests / seconds);
+    printf("RESULT operation=%s transport=%s block_size=%zu batch_size=%zu threads=%u "
+           "seconds=%.3f bytes=%" PRIu64 " gbps=%.4f requests_per_s=%.0f verified=%s "
+           "status=%s\n", o->write ? "write" : "read", ctxs[0].transport[0] ?
+           ctxs[0].transport : "?", o->block_size, o->batch_size, o->threads, seconds, bytes,
+           bytes / seconds / 1e9, requests / seconds, o->verify ? "yes" : "no",
+           failed ? "failed" : "ok");
+    fflush(stdout);
+    pthread_barrier_destroy(&start);
+    free(ctxs);
+    free(tids);
+    ferry_segment_close(engine, segment);
+    ferry_unregister(engine, buffer);
+    ferry_engine_destroy(engine);
+    free(buffer);
+    return failed ? 1 : 0;
+}
+
+/* Start "argv[0] --mode=target ..." with a pipe on its stdin (its lifeline)
+ * and one on its stdout (its segment name). */
+static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *lifeline_p,
+                        char *segment, size_t segment_len)
+{
+    int to_child[2], from_child[2];
+    if (pipe(to_child) || pipe(from_child))
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        close(to_child[1]);
+        close(from_child[0]);
+        char buffer_size[32], threads[16];
+        snprintf(buffer_size, sizeof(buffer_size), "--buffer-size=%zu", o->buffer_size);
+        snprintf(threads, sizeof(threads), "--threads=%u", o->threads);
+        char *args[12];
+        int n = 0;
+        args[n++] = argv[0];
+        args[n++] = "--mode=target";
+        args[n++] = "--spawn";
+        args[n++] = buffer_size;
+        args[n++] = threads;
+        char metadata[512], transport[256];
+        if (o->metadata) {
+            snprintf(metadata, sizeof(metadata), "--metadata=%s", o->metadata);
+            args[n++] = metadata;
+        }
+        if (o->transport) {
+            snprintf(transport, sizeof(transport), "--transport=%s", o->transport);
+            args[n++] = transport;
+        }
+        args[n] = NULL;
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    FILE *in = fdopen(from_child[0], "r");
+    char line[1024];
+    int found = 0;
+    while (!found && in && fgets(line, sizeof(line), in)) {
+        if (strncmp(line, SEGMENT_LINE, strlen(SEGMENT_LINE)) == 0) {
+            snprintf(segment, segment_len, "%s", line + strlen(SEGMENT_LINE));
+            segment[strcspn(segment, "\n")] = '\0';
+            found = 1;
+        }
+    }
+    if (in)
+        fclose(in);
+    *pid_p = pid;
+    *lifeline_p = to_child[1];
+    return found ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    if (parse_options(argc, argv, &o) != 0)
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    if (strcmp(o.mode, "target") == 0)
+        return run_target(&o);
+    if (!o.spawn)
+        return run_initiator(&o, o.segment);
+
+    pid_t pid;
+    int lifeline;
+    char segment[1024];
+    if (spawn_target(argv, &o, &pid, &lifeline, segment, sizeof(segment)) != 0) {
+        fprintf(stderr, "ferry_bench: the target process did not start\n");
+        return 1;
+    }
+    int rc = run_initiator(&o, segment);
+    close(lifeline); /* the target sees EOF and exits */
+    int wstatus;
+    waitpid(pid, &wstatus, 0);
+    return rc;
+}

@@ -1,0 +1,400 @@
+/*
+ * tcp target side: the listener and one thread per accepted connection.
+ *
+ * Requests on a connection are served in order, straight between the socket
+ * and the engine's registered memory, and only inside a range that
+ * access_acquire granted.  Whatever an initiator sends, the worst it gets is
+ * an error status or a closed connection.
+ */
+#include "tcp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define DRAIN_CHUNK (64u << 10)
+
+/* Read exactly len bytes before an absolute deadline: a peer that trickles
+ * bytes cannot stretch the HELLO phase the way a per-call timeout allows. */
+static ferry_status_t recv_deadline(int fd, void *buf, size_t len, uint64_t deadline_ms)
+{
+    char *p = buf;
+    while (len > 0) {
+        uint64_t now = ferry_time_ms();
+        if (now >= deadline_ms)
+            return FERRY_ERR_TIMEOUT;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        uint64_t wait = deadline_ms - now;
+        int rc = poll(&pfd, 1, wait > INT32_MAX ? INT32_MAX : (int)wait);
+        if (rc < 0 && errno != EINTR)
+            return FERRY_ERR_IO;
+        if (rc <= 0)
+            continue;
+        ssize_t got = recv(fd, p, len, MSG_DONTWAIT);
+        if (got == 0)
+            return FERRY_ERR_PEER_FAILED;
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                continue;
+            return FERRY_ERR_PEER_FAILED;
+        }
+        p += got;
+        len -= (size_t)got;
+    }
+    return FERRY_OK;
+}
+
+static void send_ack(ferry_tcp_target_conn_t *conn, ferry_status_t status)
+{
+    ferry_tcp_t *tcp = conn->tcp;
+    unsigned char ack[FERRY_TCP_ACK_SIZE];
+    ferry_tcp_put32(ack, FERRY_TCP_MAGIC);
+    ferry_tcp_put16(ack + 4, FERRY_TCP_VERSION);
+    ferry_tcp_put16(ack + 6, 0);
+    ferry_tcp_put32(ack + 8, (uint32_t)(int32_t)status);
+    ferry_tcp_put32(ack + 12, 0);
+    ferry_tcp_put64(ack + 16, tcp->svc.generation);
+    ferry_tcp_put64(ack + 24, tcp->settings.max_slice);
+    (void)ferry_net_send_all(conn->fd, ack, sizeof(ack));
+}
+
+/* HELLO within CONNECT_TIMEOUT, generation check, HELLO_ACK. */
+static ferry_status_t greet(ferry_tcp_target_conn_t *conn)
+{
+    ferry_tcp_t *tcp = conn->tcp;
+    unsigned connect_timeout = tcp->settings.connect_timeout_ms;
+    uint64_t deadline = connect_timeout ? ferry_time_ms() + connect_timeout : UINT64_MAX;
+    unsigned char hello[FERRY_TCP_HELLO_SIZE];
+    char rpc[FERRY_TCP_HELLO_RPC_MAX + 1];
+
+    ferry_net_set_timeout(conn->fd, connect_timeout);
+    ferry_status_t status = recv_deadline(conn->fd, hello, sizeof(hello), deadline);
+    if (status != FERRY_OK) {
+        ferry_debug("tcp: connection closed before its HELLO: %s", ferry_status_string(status));
+        return status;
+    }
+    if (ferry_tcp_get32(hello) != FERRY_TCP_MAGIC) {
+        ferry_warn("tcp: a connection did not start with a ferry HELLO; closing it");
+        return FERRY_ERR_PROTOCOL;
+    }
+    uint16_t version = ferry_tcp_get16(hello + 4);
+    if (version != FERRY_TCP_VERSION) {
+        ferry_warn("tcp: a peer speaks wire version %u, this engine %d; closing", version,
+                   FERRY_TCP_VERSION);
+        send_ack(conn, FERRY_ERR_UNSUPPORTED);
+        return FERRY_ERR_PROTOCOL;
+    }
+    uint64_t expected = ferry_tcp_get64(hello + 8);
+    uint16_t rpc_len = ferry_tcp_get16(hello + 16);
+    if (rpc_len > FERRY_TCP_HELLO_RPC_MAX) {
+        ferry_warn("tcp: HELLO with a %u-byte RPC endpoint (max %d); closing", rpc_len,
+                   FERRY_TCP_HELLO_RPC_MAX);
+        return FERRY_ERR_PROTOCOL;
+    }
+    status = recv_deadline(conn->fd, rpc, rpc_len, deadline);
+    if (status != FERRY_OK)
+        return status;
+    rpc[rpc_len] = '\0';
+    if (memchr(rpc, '\0', rpc_len) != NULL) {
+        ferry_warn("tcp: HELLO with a malformed RPC endpoint; closing");
+        return FERRY_ERR_PROTOCOL;
+    }
+    if (expected != tcp->svc.generation) {
+        ferry_debug("tcp: peer %s expects generation %016llx, this is %016llx", rpc,
+                    (unsigned long long)expected, (unsigned long long)tcp->svc.generation);
+        send_ack(conn, FERRY_ERR_STALE);
+        return FERRY_ERR_STALE;
+    }
+    /* Before the ACK: the engine must know whom to tell about an unregister
+     * before that peer can touch any memory. */
+    if (rpc_len > 0 && tcp->svc.peer_seen != NULL)
+        tcp->svc.peer_seen(tcp->svc.engine, rpc);
+    send_ack(conn, FERRY_OK);
+    ferry_net_set_timeout(conn->fd, tcp->settings.timeout_ms);
+    ferry_debug("tcp: connection from %s accepted", rpc_len ? rpc : "(no rpc endpoint)");
+    return FERRY_OK;
+}
+
+/* Swallow the payload of a refused WRITE so the stream stays in step. */
+static ferry_status_t drain(int fd, uint64_t length, void **scratch_p)
+{
+    if (*scratch_p == NULL && (*scratch_p = malloc(DRAIN_CHUNK)) == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    while (length > 0) {
+        size_t chunk = length < DRAIN_CHUNK ? (size_t)length : DRAIN_CHUNK;
+        ferry_status_t status = ferry_net_recv_all(fd, *scratch_p, chunk);
+        if (status != FERRY_OK)
+            return status;
+        length -= chunk;
+    }
+    return FERRY_OK;
+}
+
+/* Wait for the next request header.  An idle connection may stay idle
+ * forever; once a header started, the socket timeout applies. */
+static ferry_status_t next_header(int fd, unsigned char *hdr)
+{
+    for (;;) {
+        ssize_t got = recv(fd, hdr, FERRY_TCP_REQUEST_SIZE, MSG_DONTWAIT);
+        if (got == FERRY_TCP_REQUEST_SIZE)
+            return FERRY_OK;
+        if (got > 0)
+            return ferry_net_recv_all(fd, hdr + got, FERRY_TCP_REQUEST_SIZE - (size_t)got);
+        if (got == 0)
+            return FERRY_ERR_PEER_FAILED;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return FERRY_ERR_PEER_FAILED;
+        /* shutdown() by destroy wakes this poll, so no wake pipe is needed */
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+            return FERRY_ERR_IO;
+    }
+}
+
+static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned char *hdr,
+                                void **scratch_p)
+{
+    ferry_tcp_t *tcp = conn->tcp;
+    unsigned op = hdr[0];
+    uint64_t id = ferry_tcp_get64(hdr + 8);
+    uint64_t addr = ferry_tcp_get64(hdr + 16);
+    uint64_t length = ferry_tcp_get64(hdr + 24);
+    if ((op != FERRY_TCP_OP_WRITE && op != FERRY_TCP_OP_READ) || length == 0 ||
+        length > tcp->settings.max_slice) {
+        ferry_warn("tcp: protocol error from a peer (op %u, length %llu, max %zu); closing", op,
+                   (unsigned long long)length, tcp->settings.max_slice);
+        return FERRY_ERR_PROTOCOL;
+    }
+
+    void *token = NULL;
+    ferry_access_t access = op == FERRY_TCP_OP_WRITE ? FERRY_ACCESS_WRITE : FERRY_ACCESS_READ;
+    ferry_status_t granted = FERRY_ERR_OUT_OF_RANGE;
+    if (addr + length > addr) /* no wrap-around: a range the engine can judge */
+        granted = tcp->svc.access_acquire(tcp->svc.engine, addr, length, access, &token);
+    if (granted > 0) /* only errors travel back; anything else is a refusal */
+        granted = FERRY_ERR_REMOTE_REFUSED;
+    if (granted != FERRY_OK)
+        ferry_debug("tcp: refused %s of %llu bytes at 0x%llx: %s",
+                    op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
+                    (unsigned long long)addr, ferry_status_string(granted));
+
+    unsigned char response[FERRY_TCP_RESPONSE_SIZE];
+    ferry_tcp_encode_response(response, id, granted);
+    ferry_status_t status;
+    if (op == FERRY_TCP_OP_WRITE) {
+        if (granted == FERRY_OK) {
+            status = ferry_net_recv_all(conn->fd, (void *)(uintptr_t)addr, (size_t)length);
+            tcp->svc.access_release(tcp->svc.engine, token);
+        } else {
+            status = drain(conn->fd, length, scratch_p);
+        }
+        if (status == FERRY_OK)
+            status = ferry_net_send_all(conn->fd, response, sizeof(response));
+    } else if (granted == FERRY_OK) {
+        struct iovec iov[2] = {{response, sizeof(response)},
+                               {(void *)(uintptr_t)addr, (size_t)length}};
+        status = ferry_net_sendv_all(conn->fd, iov, 2);
+        tcp->svc.access_release(tcp->svc.engine, token);
+    } else {
+        status = ferry_net_send_all(conn->fd, response, sizeof(response));
+    }
+    if (status != FERRY_OK)
+        ferry_warn("tcp: a peer stopped moving data during a %s of %llu bytes: %s; closing",
+                   op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
+                   ferry_status_string(status));
+    return status;
+}
+
+static void *target_conn_main(void *arg)
+{
+    ferry_tcp_target_conn_t *conn = arg;
+    ferry_tcp_t *tcp = conn->tcp;
+    void *scratch = NULL;
+    if (greet(conn) == FERRY_OK) {
+        unsigned char hdr[FERRY_TCP_REQUEST_SIZE];
+        for (;;) {
+            ferry_status_t status = next_header(conn->fd, hdr);
+            if (status != FERRY_OK) {
+                ferry_debug("tcp: connection ended: %s", ferry_status_string(status));
+                break;
+            }
+            if (serve_one(conn, hdr, &scratch) != FERRY_OK)
+                break;
+        }
+    }
+    free(scratch);
+    /* The peer sees EOF now; the fd itself is closed by whoever joins us. */
+    shutdown(conn->fd, SHUT_RDWR);
+    atomic_store(&conn->finished, 1);
+    ssize_t rc = write(tcp->wake_pipe[1], "r", 1); /* full pipe: a wake-up is pending anyway */
+    (void)rc;
+    return NULL;
+}
+
+static void target_conn_free(ferry_tcp_target_conn_t *conn)
+{
+    pthread_join(conn->thread, NULL);
+    close(conn->fd);
+    free(conn);
+}
+
+/* Join the connection threads that have finished (listener thread only). */
+static void reap_finished(ferry_tcp_t *tcp)
+{
+    ferry_tcp_target_conn_t *done = NULL;
+    pthread_mutex_lock(&tcp->target_lock);
+    for (ferry_tcp_target_conn_t **pp = &tcp->target_conns; *pp != NULL;) {
+        ferry_tcp_target_conn_t *conn = *pp;
+        if (atomic_load(&conn->finished)) {
+            *pp = conn->next;
+            conn->next = done;
+            done = conn;
+            tcp->n_target_conns--;
+        } else {
+            pp = &conn->next;
+        }
+    }
+    pthread_mutex_unlock(&tcp->target_lock);
+    while (done != NULL) {
+        ferry_tcp_target_conn_t *next = done->next;
+        target_conn_free(done);
+        done = next;
+    }
+}
+
+static void accept_one(ferry_tcp_t *tcp, int fd)
+{
+    int one = 1;
+    /* 16-byte responses must not wait for Nagle */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ferry_tcp_tune_socket(tcp, fd);
+    ferry_tcp_target_conn_t *conn = calloc(1, sizeof(*conn));
+    if (conn == NULL) {
+        close(fd);
+        return;
+    }
+    conn->tcp = tcp;
+    conn->fd = fd;
+    pthread_mutex_lock(&tcp->target_lock);
+    if (tcp->n_target_conns >= FERRY_TCP_MAX_TARGET_CONNS) {
+        pthread_mutex_unlock(&tcp->target_lock);
+        ferry_warn("tcp: %d connections already open; refusing another",
+                   FERRY_TCP_MAX_TARGET_CONNS);
+        close(fd);
+        free(conn);
+        return;
+    }
+    if (ferry_tcp_thread_start(&conn->thread, FERRY_TCP_TARGET_STACK, target_conn_main, conn) !=
+        FERRY_OK) {
+        pthread_mutex_unlock(&tcp->target_lock);
+        close(fd);
+        free(conn);
+        return;
+    }
+    conn->next = tcp->target_conns;
+    tcp->target_conns = conn;
+    tcp->n_target_conns++;
+    pthread_mutex_unlock(&tcp->target_lock);
+}
+
+static void *listener_main(void *arg)
+{
+    ferry_tcp_t *tcp = arg;
+    int backoff = 0;
+    for (;;) {
+        struct pollfd pfd[2] = {{.fd = tcp->wake_pipe[0], .events = POLLIN},
+                                {.fd = tcp->listen_fd, .events = backoff ? 0 : POLLIN}};
+        int rc = poll(pfd, 2, backoff ? 100 : -1);
+        if (rc < 0 && errno != EINTR) {
+            ferry_error("tcp: listener poll: %s", strerror(errno));
+            break;
+        }
+        if (rc == 0)
+            backoff = 0;
+        if (pfd[0].revents & POLLIN) {
+            char buf[64];
+            while (read(tcp->wake_pipe[0], buf, sizeof(buf)) > 0)
+                ;
+            pthread_mutex_lock(&tcp->target_lock);
+            int stopping = tcp->stopping;
+            pthread_mutex_unlock(&tcp->target_lock);
+            if (stopping)
+                break;
+            reap_finished(tcp);
+        }
+        if (!(pfd[1].revents & POLLIN))
+            continue;
+        int fd = accept4(tcp->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            accept_one(tcp, fd);
+        } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            /* out of descriptors: pause instead of spinning on a readable socket */
+            ferry_error("tcp: accept: %s; pausing accepts for 100 ms", strerror(errno));
+            backoff = 1;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                   errno != ECONNABORTED) {
+            ferry_warn("tcp: accept: %s", strerror(errno));
+        }
+    }
+    return NULL;
+}
+
+ferry_status_t ferry_tcp_target_start(ferry_tcp_t *tcp, const char *host, int *port_p)
+{
+    ferry_status_t status = ferry_net_listen(host, 0, 128, &tcp->listen_fd, port_p);
+    if (status != FERRY_OK)
+        return status;
+    fcntl(tcp->listen_fd, F_SETFL, fcntl(tcp->listen_fd, F_GETFL) | O_NONBLOCK);
+    if (pipe2(tcp->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        ferry_error("tcp: pipe: %s", strerror(errno));
+        close(tcp->listen_fd);
+        tcp->listen_fd = -1;
+        tcp->wake_pipe[0] = tcp->wake_pipe[1] = -1;
+        return FERRY_ERR_IO;
+    }
+    status = ferry_tcp_thread_start(&tcp->listener, FERRY_TCP_TARGET_STACK, listener_main, tcp);
+    if (status != FERRY_OK)
+        return status; /* ferry_tcp_target_stop closes the descriptors */
+    tcp->listener_started = 1;
+    return FERRY_OK;
+}
+
+void ferry_tcp_target_stop(ferry_tcp_t *tcp)
+{
+    if (tcp->listener_started) {
+        pthread_mutex_lock(&tcp->target_lock);
+        tcp->stopping = 1;
+        pthread_mutex_unlock(&tcp->target_lock);
+        ssize_t rc = write(tcp->wake_pipe[1], "s", 1);
+        (void)rc;
+        pthread_join(tcp->listener, NULL);
+        tcp->listener_started = 0;
+    }
+    /* No accepts any more: wake every connection thread, then join them. */
+    pthread_mutex_lock(&tcp->target_lock);
+    ferry_tcp_target_conn_t *conns = tcp->target_conns;
+    tcp->target_conns = NULL;
+    tcp->n_target_conns = 0;
+    pthread_mutex_unlock(&tcp->target_lock);
+    for (ferry_tcp_target_conn_t *conn = conns; conn != NULL; conn = conn->next)
+        shutdown(conn->fd, SHUT_RDWR);
+    while (conns != NULL) {
+        ferry_tcp_target_conn_t *next = conns->next;
+        target_conn_free(conns);
+        conns = next;
+    }
+    if (tcp->listen_fd >= 0)
+        close(tcp->listen_fd);
+    for (int i = 0; i < 2; i++)
+        if (tcp->wake_pipe[i] >= 0)
+            close(tcp->wake_pipe[i]);
+    tcp->listen_fd = tcp->wake_pipe[0] = tcp->wake_pipe[1] = -1;
+}

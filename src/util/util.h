@@ -1,0 +1,76 @@
+/* Internal helpers shared by every part of libferry. */
+#ifndef FERRY_UTIL_H
+#define FERRY_UTIL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include <ferry/plugin.h>
+
+#define FERRY_HIDDEN __attribute__((visibility("hidden")))
+#define FERRY_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define FERRY_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FERRY_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- log.c ---- */
+void ferry_log_init(void);
+
+/* ---- time ---- */
+uint64_t ferry_time_ms(void); /* monotonic */
+
+/* ---- random.c ---- */
+uint64_t ferry_random_u64(void); /* from getrandom(); never 0 */
+
+/* ---- net.c: blocking sockets with deadlines ---- */
+
+/* Split "host:port" (also "[v6]:port"); port 0 if absent and allowed. */
+ferry_status_t ferry_net_split(const char *hostport, char *host, size_t hostlen, int *port_p,
+                               int port_required);
+/* Listen on host:port (port 0 = any); fills the actual port. */
+ferry_status_t ferry_net_listen(const char *host, int port, int backlog, int *fd_p,
+                                int *port_p);
+/* Connect with a timeout; returns a blocking socket with TCP_NODELAY. */
+ferry_status_t ferry_net_connect(const char *hostport, unsigned timeout_ms, int *fd_p);
+/* A blocking call on fd gives up when no byte moved for timeout_ms (0 = never). */
+void ferry_net_set_timeout(int fd, unsigned timeout_ms);
+/* Send/receive exactly len bytes.  FERRY_ERR_TIMEOUT when the socket's
+ * timeout passed without progress, FERRY_ERR_PEER_FAILED on EOF or reset. */
+ferry_status_t ferry_net_send_all(int fd, const void *buf, size_t len);
+ferry_status_t ferry_net_sendv_all(int fd, struct iovec *iov, int iovcnt);
+ferry_status_t ferry_net_recv_all(int fd, void *buf, size_t len);
+/* Address of this host that peers should use when none was configured. */
+void ferry_net_default_host(char *host, size_t len);
+
+/* ---- handle.c: validated handles ---- */
+
+typedef enum ferry_handle_kind {
+    FERRY_HANDLE_ENGINE = 1,
+    FERRY_HANDLE_SEGMENT = 2,
+    FERRY_HANDLE_BATCH = 3,
+} ferry_handle_kind_t;
+
+/* Handles are slot index + generation, never raw pointers, so a freed or
+ * foreign handle is detected instead of dereferenced. */
+uint64_t ferry_handle_alloc(ferry_handle_kind_t kind, void *object, void *owner);
+void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kind, void *owner);
+void ferry_handle_free(uint64_t handle);
+
+/* ---- strings ---- */
+char *ferry_strdup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- settings.c ---- */
+/* Tables of the core, listed by ferry_info -c. */
+typedef struct ferry_settings_table {
+    const char *component; /* NULL: FERRY_<name> */
+    const char *title;
+    const ferry_setting_t *settings;
+    size_t count;
+} ferry_settings_table_t;
+void ferry_settings_print(FILE *out, const ferry_settings_table_t *table);
+ferry_status_t ferry_setting_parse_size(const char *text, size_t *value_p);
+
+#endif

@@ -1,0 +1,95 @@
+/*
+ * A peer process for multi-process tests.  It starts an engine (settings
+ * from FERRY_* variables), allocates an arena, prints
+ *   READY <segment name> <arena address hex> <arena size>
+ * and then answers one line per command read from stdin:
+ *   reg OFF LEN [r|w|rw]  unreg OFF       fill OFF LEN SEED   check OFF LEN SEED
+ *   sum OFF LEN           notify MS       quit
+ * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
+ * SUM <hex>, NOTIFY <from> <text>, NONE.
+ */
+#include <ferry/ferry.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test_pattern.h"
+
+int main(int argc, char **argv)
+{
+    size_t arena_size = argc > 1 ? strtoull(argv[1], NULL, 0) : ((size_t)80 << 20);
+    ferry_engine_h engine;
+    ferry_status_t status = ferry_engine_create(NULL, &engine);
+    if (status != FERRY_OK) {
+        printf("FAILED %s\n", ferry_status_string(status));
+        return 1;
+    }
+    unsigned char *arena = NULL;
+    if (posix_memalign((void **)&arena, 4096, arena_size) != 0)
+        return 1;
+    memset(arena, 0, arena_size);
+    printf("READY %s %" PRIxPTR " %zu\n", ferry_engine_segment_name(engine), (uintptr_t)arena,
+           arena_size);
+    fflush(stdout);
+
+    char line[512];
+    while (fgets(line, sizeof(line), stdin)) {
+        char cmd[32] = "", mode[8] = "rw";
+        unsigned long long a = 0, b = 0, c = 0;
+        int n = sscanf(line, "%31s %lli %lli %lli", cmd, (long long *)&a, (long long *)&b,
+                       (long long *)&c);
+        if (n >= 1 && strcmp(cmd, "reg") == 0) {
+            sscanf(line, "%*s %*s %*s %7s", mode);
+            unsigned flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
+                             (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0);
+            status = ferry_register(engine, arena + a, (size_t)b, "cpu", flags);
+        } else if (strcmp(cmd, "unreg") == 0) {
+            status = ferry_unregister(engine, arena + a);
+        } else if (strcmp(cmd, "fill") == 0 && a + b <= arena_size) {
+            test_pattern_fill(arena + a, (size_t)b, (unsigned)c);
+            status = FERRY_OK;
+        } else if (strcmp(cmd, "check") == 0 && a + b <= arena_size) {
+            size_t bad = test_pattern_check(arena + a, (size_t)b, (unsigned)c);
+            if (bad != SIZE_MAX) {
+                printf("BAD %zu\n", bad);
+                fflush(stdout);
+                continue;
+            }
+            status = FERRY_OK;
+        } else if (strcmp(cmd, "sum") == 0 && a + b <= arena_size) {
+            printf("SUM %016" PRIx64 "\n", test_checksum(arena + a, (size_t)b));
+            fflush(stdout);
+            continue;
+        } else if (strcmp(cmd, "notify") == 0) {
+            ferry_notify_t msg;
+            size_t count = 0;
+            for (unsigned long long waited = 0; waited <= a && count == 0; waited += 10) {
+                ferry_notify_recv(engine, &msg, 1, &count);
+                if (count == 0)
+                    usleep(10000);
+            }
+            if (count)
+                printf("NOTIFY %s %.*s\n", msg.from, (int)msg.length, (char *)msg.msg);
+            else
+                printf("NONE\n");
+            fflush(stdout);
+            continue;
+        } else if (strcmp(cmd, "quit") == 0) {
+            break;
+        } else {
+            status = FERRY_ERR_INVALID_PARAM;
+        }
+        if (status == FERRY_OK)
+            printf("OK\n");
+        else
+            printf("ERR %d %s\n", (int)status, ferry_status_string(status));
+        fflush(stdout);
+    }
+    ferry_engine_destroy(engine);
+    free(arena);
+    return 0;
+}

@@ -1,0 +1,322 @@
+/* Failures: killed, stopped and restarted peers, hostile frames, invalidation. */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/transport/tcp/tcp.h"
+#include "peer_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static ferry_engine_h engine;
+static unsigned char *local;
+
+static void setup(void)
+{
+    setenv("FERRY_TCP_TIMEOUT", "1000", 1);
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, 72 * MIB), 0);
+    memset(local, 1, 72 * MIB);
+}
+
+static void teardown(void)
+{
+    ferry_engine_destroy(engine);
+    free(local);
+}
+
+TestSuite(faults, .init = setup, .fini = teardown, .timeout = 120);
+
+static ferry_status_t write_once(ferry_segment_h segment, uint64_t remote, size_t length)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {FERRY_OP_WRITE, local, segment, remote, length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
+/* Start writes of `count` x 64 MiB, hurt the peer, and time the failure. */
+static void check_failure_within_bound(int sig)
+{
+    peer_process_t victim, bystander;
+    ferry_segment_h victim_seg, bystander_seg;
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_eq(peer_start(&bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
+
+    enum { N = 64 };
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, 64 * MIB};
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    usleep(50000);
+    double start = now();
+    peer_kill(&victim, sig);
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    double elapsed = now() - start;
+    cr_assert_neq(status, FERRY_OK, "4 GiB cannot finish once the peer is gone");
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
+    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_TCP_TIMEOUT=1 s)", elapsed);
+    int failed = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
+        failed += xs.state == FERRY_XFER_FAILED;
+    }
+    cr_assert_gt(failed, 0);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+
+    /* Other peers are unaffected. */
+    test_pattern_fill(local, 4 * MIB, 8);
+    cr_assert_eq(write_once(bystander_seg, bystander.arena, 4 * MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
+    if (sig != SIGKILL)
+        peer_kill(&victim, SIGKILL);
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(&bystander);
+}
+
+Test(faults, killed_peer_fails_in_flight_requests_quickly)
+{
+    check_failure_within_bound(SIGKILL);
+}
+
+Test(faults, frozen_peer_fails_in_flight_requests_within_timeout)
+{
+    check_failure_within_bound(SIGSTOP);
+}
+
+Test(faults, restarted_peer_is_reached_again)
+{
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 1);
+    cr_assert_eq(write_once(segment, first.arena, MIB), FERRY_OK);
+    peer_kill(&first, SIGKILL);
+
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(&second, env), 0);
+    cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
+    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+    /* No refresh by the user: the engine notices the new generation. */
+    test_pattern_fill(local, MIB, 2);
+    cr_assert_eq(write_once(segment, second.arena, MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 2", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+}
+
+Test(faults, unregister_tells_peers_at_once)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", MIB, MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(write_once(segment, peer.arena + MIB, MIB), FERRY_OK);
+    double start = now();
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", MIB), "OK");
+    cr_assert_lt(now() - start, 2.0);
+    /* Our cached descriptor was invalidated, so the stale range is refused
+     * here at submit, not sent to the peer. */
+    cr_assert_eq(write_once(segment, peer.arena + MIB, 100), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_eq(write_once(segment, peer.arena, 100), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(faults, dead_owner_gives_a_clear_error)
+{
+    ferry_segment_h segment;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    bind(fd, (struct sockaddr *)&sin, sizeof(sin));
+    getsockname(fd, (struct sockaddr *)&sin, &len);
+    close(fd); /* a port nobody listens on */
+    char name[64];
+    snprintf(name, sizeof(name), "127.0.0.1:%d", ntohs(sin.sin_port));
+    double start = now();
+    cr_assert_eq(ferry_segment_open(engine, name, &segment), FERRY_ERR_CONNECT);
+    cr_assert_lt(now() - start, 3.0);
+}
+
+/* ---- a hostile initiator speaking the TCP transport's wire format ---- */
+
+static int connect_to(const char *hostport)
+{
+    char host[64];
+    const char *colon = strrchr(hostport, ':');
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
+    inet_pton(AF_INET, host, &sin.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static int recv_exact(int fd, void *buf, size_t len)
+{
+    return recv(fd, buf, len, MSG_WAITALL) == (ssize_t)len ? 0 : -1;
+}
+
+static int hello(int fd, uint64_t generation)
+{
+    unsigned char msg[FERRY_TCP_HELLO_SIZE] = {0}, ack[FERRY_TCP_ACK_SIZE];
+    ferry_tcp_put32(msg, FERRY_TCP_MAGIC);
+    ferry_tcp_put16(msg + 4, FERRY_TCP_VERSION);
+    ferry_tcp_put64(msg + 8, generation);
+    ferry_tcp_put16(msg + 16, 0);
+    cr_assert_eq(send(fd, msg, sizeof(msg), 0), (ssize_t)sizeof(msg));
+    if (recv_exact(fd, ack, sizeof(ack)) != 0)
+        return -1000;
+    return (int32_t)ferry_tcp_get32(ack + 8);
+}
+
+static void request(int fd, int op, uint64_t id, uint64_t addr, uint64_t length)
+{
+    unsigned char msg[FERRY_TCP_REQUEST_SIZE] = {0};
+    msg[0] = (unsigned char)op;
+    ferry_tcp_put64(msg + 8, id);
+    ferry_tcp_put64(msg + 16, addr);
+    ferry_tcp_put64(msg + 24, length);
+    cr_assert_eq(send(fd, msg, sizeof(msg), MSG_NOSIGNAL), (ssize_t)sizeof(msg));
+}
+
+static int response_status(int fd, uint64_t id)
+{
+    unsigned char msg[FERRY_TCP_RESPONSE_SIZE];
+    if (recv_exact(fd, msg, sizeof(msg)) != 0)
+        return -1000;
+    cr_assert_eq(ferry_tcp_get64(msg), id);
+    return (int32_t)ferry_tcp_get32(msg + 8);
+}
+
+static int closed_by_peer(int fd)
+{
+    char c;
+    return recv(fd, &c, 1, 0) <= 0;
+}
+
+Test(faults, hostile_frames_touch_nothing_and_leave_the_target_serving)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char *json;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 4", MIB, MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, MIB));
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    char endpoint[64];
+    const char *tcp = strstr(json, "\"tcp\":\"");
+    cr_assert_not_null(tcp);
+    snprintf(endpoint, sizeof(endpoint), "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
+    uint64_t generation = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
+    free(json);
+
+    int fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation ^ 1), FERRY_ERR_STALE, "wrong generation is refused");
+    close(fd);
+
+    fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation), 0);
+    /* A write just past the registered megabyte, with its payload. */
+    request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena + MIB - 8, 4096);
+    static unsigned char junk[4096];
+    memset(junk, 0xee, sizeof(junk));
+    cr_assert_eq(send(fd, junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
+    cr_assert_lt(response_status(fd, 0), 0, "out-of-range write must be refused");
+    request(fd, FERRY_TCP_OP_READ, 1, peer.arena + 2 * MIB, 64);
+    cr_assert_lt(response_status(fd, 1), 0, "out-of-range read must be refused");
+    request(fd, FERRY_TCP_OP_READ, 2, peer.arena + 100, 64); /* in range: served */
+    cr_assert_eq(response_status(fd, 2), 0);
+    unsigned char data[64];
+    cr_assert_eq(recv_exact(fd, data, sizeof(data)), 0);
+    request(fd, 9, 3, peer.arena, 8); /* unknown opcode: the connection is closed */
+    cr_assert(closed_by_peer(fd));
+    close(fd);
+    fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation), 0);
+    request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena, (uint64_t)1 << 40); /* absurd length */
+    cr_assert(closed_by_peer(fd));
+    close(fd);
+    fd = connect_to(endpoint);
+    cr_assert_eq(send(fd, "GET / HTTP/1.0\r\n\r\n", 18, MSG_NOSIGNAL), 18);
+    cr_assert(closed_by_peer(fd));
+    close(fd);
+
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, MIB), before,
+                     "memory outside the registered buffer changed");
+    test_pattern_fill(local, MIB, 6);
+    cr_assert_eq(write_once(segment, peer.arena, MIB), FERRY_OK, "the target still serves");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 6", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(faults, garbage_to_the_rpc_listener_leaves_it_serving)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    int fd = connect_to(peer.name);
+    unsigned char garbage[64];
+    for (size_t i = 0; i < sizeof(garbage); i++)
+        garbage[i] = (unsigned char)(i * 37 + 11);
+    send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);
+    cr_assert(closed_by_peer(fd));
+    close(fd);
+    /* A valid header announcing a 1 GiB frame. */
+    fd = connect_to(peer.name);
+    unsigned char header[16] = {'F', 'R', 'R', 'Y', 1, 1, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0};
+    send(fd, header, sizeof(header), MSG_NOSIGNAL);
+    cr_assert(closed_by_peer(fd));
+    close(fd);
+    /* A truncated header from a client that then goes silent. */
+    int slow = connect_to(peer.name);
+    send(slow, header, 5, MSG_NOSIGNAL);
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK,
+                 "the listener still answers");
+    close(slow);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}

@@ -1,0 +1,151 @@
+/* Registration rules, through the public API of one engine. */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static ferry_engine_h engine;
+static char *arena;
+#define ARENA (1 << 20)
+
+static void setup(void)
+{
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    arena = malloc(ARENA);
+}
+
+static void teardown(void)
+{
+    ferry_engine_destroy(engine);
+    free(arena);
+}
+
+TestSuite(registry, .init = setup, .fini = teardown, .timeout = 60);
+
+/* How many buffers the published descriptor lists. */
+static int published_buffers(void)
+{
+    ferry_segment_h self;
+    char *json;
+    cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, self, &json), FERRY_OK);
+    int count = 0;
+    for (const char *p = json; (p = strstr(p, "\"addr\"")) != NULL; p++)
+        count++;
+    free(json);
+    ferry_segment_close(engine, self);
+    return count;
+}
+
+Test(registry, argument_errors)
+{
+    cr_assert_eq(ferry_register(engine, NULL, 10, "cpu", 0), FERRY_ERR_INVALID_PARAM);
+    cr_assert_eq(ferry_register(engine, arena, 0, "cpu", 0), FERRY_ERR_INVALID_PARAM);
+    cr_assert_eq(ferry_register(engine, (void *)(UINTPTR_MAX - 10), 100, "cpu", 0),
+                 FERRY_ERR_INVALID_PARAM);
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_ERR_NOT_REGISTERED);
+    cr_assert_eq(ferry_register_batch(engine, NULL, 1, 0), FERRY_ERR_INVALID_PARAM);
+}
+
+Test(registry, partial_overlap_is_refused_adjacent_is_fine)
+{
+    cr_assert_eq(ferry_register(engine, arena + 1000, 1000, "cpu", 0), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, arena + 500, 600, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, arena + 1999, 10, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, arena + 1100, 10, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, arena + 900, 2000, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, arena + 1000, 999, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, arena + 2000, 1000, "cpu", 0), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, arena, 1000, "cpu", 0), FERRY_OK);
+    cr_assert_eq(published_buffers(), 3);
+}
+
+Test(registry, identical_range_takes_a_reference)
+{
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu", 0), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu", 0), FERRY_OK);
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_OK);
+    cr_assert_eq(published_buffers(), 1, "one reference is left");
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_OK);
+    cr_assert_eq(published_buffers(), 0);
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_ERR_NOT_REGISTERED);
+}
+
+Test(registry, batch_is_all_or_nothing)
+{
+    cr_assert_eq(ferry_register(engine, arena + 50000, 100, "cpu", 0), FERRY_OK);
+    ferry_region_t regions[] = {
+        {arena, 1000, "cpu"},
+        {arena + 1000, 1000, "cpu"},
+        {arena + 50050, 100, "cpu"}, /* overlaps the one above */
+    };
+    cr_assert_eq(ferry_register_batch(engine, regions, 3, 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(published_buffers(), 1, "the first two were rolled back");
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_ERR_NOT_REGISTERED);
+    regions[2].addr = arena + 60000;
+    cr_assert_eq(ferry_register_batch(engine, regions, 3, 0), FERRY_OK);
+    cr_assert_eq(published_buffers(), 4);
+}
+
+Test(registry, deferred_publish)
+{
+    cr_assert_eq(ferry_register(engine, arena, 100, "cpu", FERRY_REG_REMOTE |
+                                                           FERRY_REG_DEFER_PUBLISH), FERRY_OK);
+    cr_assert_eq(published_buffers(), 0);
+    cr_assert_eq(ferry_publish(engine), FERRY_OK);
+    cr_assert_eq(published_buffers(), 1);
+}
+
+struct reg_worker {
+    int index;
+    int errors;
+};
+
+static void *reg_main(void *arg)
+{
+    struct reg_worker *w = arg;
+    /* Each thread owns 64 ranges of 64 bytes, interleaved with the others'. */
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 64; i++) {
+            char *addr = arena + (size_t)(i * 8 + w->index) * 128;
+            w->errors += ferry_register(engine, addr, 64, "cpu", 0) != FERRY_OK;
+            /* overlapping another thread's range is always refused */
+            w->errors += ferry_register(engine, addr + 32, 128, "cpu", 0) != FERRY_ERR_OVERLAP;
+        }
+        for (int i = 0; i < 64; i++)
+            w->errors += ferry_unregister(engine, arena + (size_t)(i * 8 + w->index) * 128) !=
+                         FERRY_OK;
+    }
+    return NULL;
+}
+
+Test(registry, concurrent_registrations)
+{
+    pthread_t tids[8];
+    struct reg_worker workers[8];
+    for (int i = 0; i < 8; i++) {
+        workers[i] = (struct reg_worker){.index = i};
+        pthread_create(&tids[i], NULL, reg_main, &workers[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(tids[i], NULL);
+        cr_assert_eq(workers[i].errors, 0, "thread %d saw %d wrong results", i,
+                     workers[i].errors);
+    }
+    cr_assert_eq(published_buffers(), 0);
+}
+
+Test(registry, many_ranges)
+{
+    enum { N = 4096 };
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(ferry_register(engine, arena + (size_t)i * 200, 100, "cpu",
+                                    FERRY_REG_REMOTE | FERRY_REG_DEFER_PUBLISH), FERRY_OK);
+    cr_assert_eq(ferry_publish(engine), FERRY_OK);
+    cr_assert_eq(published_buffers(), N);
+    for (int i = N - 1; i >= 0; i -= 2)
+        cr_assert_eq(ferry_unregister(engine, arena + (size_t)i * 200), FERRY_OK);
+    cr_assert_eq(published_buffers(), N / 2);
+}

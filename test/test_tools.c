@@ -1,0 +1,80 @@
+/* ferry_info and ferry_bench, run as a user runs them. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+TestSuite(tools, .timeout = 120);
+
+/* Run a command; return its exit status and its stdout in out. */
+static int run(const char *command, char *out, size_t len)
+{
+    FILE *pipe = popen(command, "r");
+    cr_assert_not_null(pipe);
+    size_t n = fread(out, 1, len - 1, pipe);
+    out[n] = '\0';
+    int status = pclose(pipe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char output[1 << 16];
+
+Test(tools, ferry_info_lists_plugins_and_settings)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 0);
+    cr_assert(strstr(output, "Ferry version") != NULL, "%s", output);
+    cr_assert(strstr(output, "tcp") != NULL && strstr(output, "p2p") != NULL, "%s", output);
+    snprintf(command, sizeof(command), "%s -c", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 0);
+    const char *expected[] = {"FERRY_METADATA=p2p", "FERRY_TRANSPORTS=", "FERRY_TCP_SLICE_SIZE=",
+                              "FERRY_TCP_TIMEOUT=", "FERRY_RPC_TIMEOUT="};
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        cr_assert(strstr(output, expected[i]) != NULL, "missing %s", expected[i]);
+    snprintf(command, sizeof(command), "%s --bogus 2>/dev/null", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 2);
+}
+
+Test(tools, ferry_info_names_an_unreachable_segment)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s -s 127.0.0.1:1 2>&1", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 1);
+    cr_assert(strstr(output, "127.0.0.1:1") != NULL, "%s", output);
+}
+
+static void bench(const char *args)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s --spawn --duration=0.5 %s", getenv("FERRY_BENCH"), args);
+    int rc = run(command, output, sizeof(output));
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", command, rc, output);
+    cr_assert(strstr(output, "RESULT ") != NULL, "%s", output);
+    cr_assert(strstr(output, "status=ok") != NULL, "%s", output);
+    cr_assert(strstr(output, "GB/s") != NULL, "%s", output);
+}
+
+Test(tools, bench_write_verified)
+{
+    bench("--operation=write --block-size=100000 --batch-size=8 --buffer-size=300000 --verify");
+    cr_assert(strstr(output, "verified=yes") != NULL);
+}
+
+Test(tools, bench_read_verified_two_threads)
+{
+    bench("--operation=read --block-size=64k --batch-size=16 --threads=2 --verify");
+}
+
+Test(tools, bench_rejects_bad_options)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s --block-size=abc 2>&1", getenv("FERRY_BENCH"));
+    cr_assert_eq(run(command, output, sizeof(output)), 2);
+    cr_assert(strstr(output, "block-size") != NULL);
+    snprintf(command, sizeof(command), "%s --spawn --transport=nosuch 2>&1", getenv("FERRY_BENCH"));
+    cr_assert_neq(run(command, output, sizeof(output)), 0);
+    cr_assert(strstr(output, "nosuch") != NULL, "%s", output);
+}

@@ -1,0 +1,223 @@
+/* Two-process transfers over the native TCP transport, bytes verified. */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+
+static peer_process_t peer;
+static ferry_engine_h engine;
+static ferry_segment_h segment;
+static unsigned char *local;
+static size_t local_size = 72 * MIB;
+
+static void setup(void)
+{
+    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", (size_t)70 * MIB), "OK");
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, local_size), 0);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+}
+
+static void teardown(void)
+{
+    ferry_unregister(engine, local);
+    ferry_segment_close(engine, segment);
+    ferry_engine_destroy(engine);
+    free(local);
+    peer_stop(&peer);
+}
+
+static ferry_status_t transfer(ferry_opcode_t op, void *buf, uint64_t remote, size_t length)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 4, &batch), FERRY_OK);
+    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 60000);
+    ferry_xfer_status_t xs;
+    if (status == FERRY_OK) {
+        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
+        cr_assert_eq(xs.transferred, length);
+        cr_assert_str_eq(xs.transport, "tcp");
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
+TestSuite(transfer, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(transfer, write_then_read_sizes_1B_to_64MiB_unaligned)
+{
+    static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t length = sizes[i];
+        size_t local_off = 3, remote_off = 5 + i; /* deliberately unaligned */
+        unsigned seed = 100 + (unsigned)i;
+        test_pattern_fill(local + local_off, length, seed);
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local + local_off, peer.arena + remote_off, length),
+                     FERRY_OK, "write of %zu bytes", length);
+        cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %u", remote_off, length, seed), "OK",
+                         "bytes written (%zu) differ at the target", length);
+
+        cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu %u", remote_off, length, seed + 50),
+                         "OK");
+        memset(local + local_off, 0, length);
+        cr_assert_eq(transfer(FERRY_OP_READ, local + local_off, peer.arena + remote_off, length),
+                     FERRY_OK, "read of %zu bytes", length);
+        cr_assert_eq(test_pattern_check(local + local_off, length, seed + 50), SIZE_MAX,
+                     "bytes read (%zu) differ", length);
+    }
+}
+
+Test(transfer, unregistered_local_buffer_works)
+{
+    unsigned char buf[1000];
+    test_pattern_fill(buf, sizeof(buf), 9);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, buf, peer.arena + 1, sizeof(buf)), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 1 %zu 9", sizeof(buf)), "OK");
+}
+
+struct worker {
+    int index;
+    ferry_status_t status;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    size_t region = 4 * MIB, block = 256 * 1024 + 13;
+    unsigned char *mine = local + (size_t)w->index * region;
+    uint64_t theirs = peer.arena + (uint64_t)w->index * region;
+    ferry_batch_h batch;
+    w->status = ferry_batch_create(engine, 16, &batch);
+    for (int round = 0; round < 8 && w->status == FERRY_OK; round++) {
+        ferry_request_t reqs[8];
+        for (int i = 0; i < 8; i++) {
+            test_pattern_fill(mine + (size_t)i * block, block, (unsigned)(w->index * 100 + round));
+            reqs[i] = (ferry_request_t){FERRY_OP_WRITE, mine + (size_t)i * block, segment,
+                                        theirs + (uint64_t)i * block, block};
+        }
+        w->status = ferry_batch_submit(batch, reqs, 8);
+        if (w->status == FERRY_OK)
+            w->status = ferry_batch_wait(batch, 60000);
+        /* read it back into the second half of the region */
+        for (int i = 0; i < 8 && w->status == FERRY_OK; i++) {
+            ferry_request_t back = {FERRY_OP_READ, mine + 2 * MIB + 17, segment,
+                                    theirs + (uint64_t)i * block, block};
+            w->status = ferry_batch_submit(batch, &back, 1);
+            if (w->status == FERRY_OK)
+                w->status = ferry_batch_wait(batch, 60000);
+            if (w->status == FERRY_OK && test_pattern_check(mine + 2 * MIB + 17, block,
+                                                            (unsigned)(w->index * 100 + round)) !=
+                                             SIZE_MAX)
+                w->status = FERRY_ERR_IO;
+        }
+    }
+    ferry_batch_destroy(batch);
+    return NULL;
+}
+
+Test(transfer, several_threads_share_one_engine)
+{
+    enum { THREADS = 6 };
+    pthread_t tids[THREADS];
+    struct worker workers[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        workers[i] = (struct worker){.index = i};
+        pthread_create(&tids[i], NULL, worker_main, &workers[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(tids[i], NULL);
+        cr_assert_eq(workers[i].status, FERRY_OK, "thread %d: %s", i,
+                     ferry_status_string(workers[i].status));
+    }
+}
+
+Test(transfer, batch_of_many_small_requests)
+{
+    enum { N = 512 };
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    test_pattern_fill(local, N * 100, 77);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local + i * 100, segment,
+                                    peer.arena + 1000 + i * 100, 100};
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+    for (int i = 0; i < N; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "check 1000 %d 77", N * 100), "OK");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+Test(transfer, notify_attached_to_batch_arrives_after_its_data)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 8, &batch), FERRY_OK);
+    test_pattern_fill(local, 8 * MIB, 31);
+    ferry_request_t reqs[4];
+    for (int i = 0; i < 4; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local + (size_t)i * 2 * MIB, segment,
+                                    peer.arena + (size_t)i * 2 * MIB, 2 * MIB};
+    cr_assert_eq(ferry_batch_submit(batch, reqs, 4), FERRY_OK);
+    cr_assert_eq(ferry_batch_notify(batch, segment, "done", 4), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+    /* The peer looks at its memory only once the notify arrived. */
+    cr_assert_eq(strncmp(peer_cmd(&peer, "notify 5000"), "NOTIFY ", 7), 0, "%s", peer.reply);
+    cr_assert(strstr(peer.reply, " done") != NULL, "%s", peer.reply);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 31", 8 * MIB), "OK");
+
+    cr_assert_eq(ferry_notify_send(engine, segment, "plain", 5), FERRY_OK);
+    cr_assert(strstr(peer_cmd(&peer, "notify 5000"), " plain") != NULL, "%s", peer.reply);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+Test(transfer, own_segment_is_reachable)
+{
+    ferry_segment_h self;
+    cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
+    test_pattern_fill(local, 1000, 5);
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {FERRY_OP_WRITE, local, self, (uint64_t)(uintptr_t)(local + MIB),
+                           1000};
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 1000), FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + MIB, 1000, 5), SIZE_MAX);
+    ferry_xfer_status_t xs;
+    cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+    cr_assert_str_eq(xs.transport, "local");
+    /* outside our own buffers: refused at submit */
+    req.target_offset = (uint64_t)(uintptr_t)(local + local_size);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_eq(ferry_segment_close(engine, self), FERRY_OK);
+}
+
+Test(transfer, request_outside_remote_buffers_is_refused)
+{
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu 4096 3", 70 * MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu 4096", 70 * MIB));
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {FERRY_OP_WRITE, local, segment, peer.arena + 70 * MIB - 10, 100};
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
