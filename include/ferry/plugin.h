@@ -142,8 +142,11 @@ typedef struct ferry_transport_ops {
     size_t (*slice_size)(void *ctx);
 } ferry_transport_ops_t;
 
+/* ferry_plugin_t.flags */
 enum {
-    FERRY_TRANSPORT_SAME_HOST_ONLY = 1u << 0,
+    FERRY_TRANSPORT_SAME_HOST_ONLY = 1u << 0, /* transports: never across hosts */
+    FERRY_METADATA_OWNER_SERVES = 1u << 1,    /* metadata: peers fetch descriptors from their
+                                                 owner, so publish needs no encoding */
 };
 
 /* ---- metadata stores ---- */

@@ -35,6 +35,7 @@ typedef struct ferry_reg_entry {
     char *location;
     unsigned flags;             /* FERRY_REG_REMOTE_* */
     unsigned refs;              /* registrations of this exact range; registry lock */
+    uint64_t epoch;             /* registration order; published once <= published_epoch */
     atomic_uint inflight;       /* accesses holding the range (transfers) */
     atomic_int dying;           /* unregister started: no new accesses */
     void *memh[FERRY_MAX_TRANSPORTS];
@@ -211,9 +212,14 @@ struct ferry_engine {
     const ferry_metadata_ops_t *metadata;
     void *metadata_ctx;
 
-    pthread_mutex_t published_lock; /* published_json, local_desc */
+    /* published_lock: the newest local descriptor and its JSON, rebuilt on
+     * demand when registrations changed (published_stale) */
+    pthread_mutex_t published_lock;
     char *published_json;
     ferry_descriptor_t *local_desc;
+    int published_stale;
+    uint64_t published_epoch;    /* entries registered up to here are published */
+    uint64_t register_epoch;     /* register_lock: last epoch handed out */
 
     struct ferry_rpc_server *rpc_server;
     ferry_segment_cache_t segments;
@@ -235,6 +241,9 @@ void ferry_engine_free(ferry_engine_t *engine);
 /* engine_register.c */
 /* Build the descriptor from the registry and publish it. Caller holds register_lock. */
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine);
+/* The newest local descriptor (referenced) and/or a copy of its JSON. */
+ferry_status_t ferry_engine_local_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p,
+                                             char **json_p);
 void ferry_engine_deregister_all(ferry_engine_t *engine);
 ferry_status_t ferry_engine_access_acquire(void *engine, uint64_t addr, uint64_t length,
                                            ferry_access_t access, void **token_p);
@@ -247,7 +256,7 @@ ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char 
                                       char **descriptor_p);
 ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
                                         const void *msg, size_t length);
-ferry_status_t ferry_engine_rpc_handle(ferry_engine_t *engine, int type, const void *payload,
+ferry_status_t ferry_engine_rpc_handle(void *engine, int type, const void *payload,
                                        size_t length, int *reply_type_p, void **reply_p,
                                        size_t *reply_length_p);
 

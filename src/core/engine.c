@@ -111,7 +111,7 @@ static ferry_status_t start_rpc(ferry_engine_t *engine)
         snprintf(engine->advertise_host, sizeof(engine->advertise_host), "%s", host);
     ferry_status_t status = ferry_rpc_server_start(
         host, port, engine->settings.rpc_max_frame, engine->settings.rpc_timeout_ms,
-        (ferry_rpc_handler_fn)ferry_engine_rpc_handle, engine, &engine->rpc_server, &port);
+        ferry_engine_rpc_handle, engine, &engine->rpc_server, &port);
     if (status != FERRY_OK)
         return status;
     const char *fmt = strchr(engine->advertise_host, ':') ? "[%s]:%d" : "%s:%d";

@@ -70,6 +70,7 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
     entry = ferry_reg_entry_new(addr, region->length, region->location, flags);
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
+    entry->epoch = ++engine->register_epoch;
     status = transports_register(engine, entry);
     if (status == FERRY_OK)
         status = ferry_registry_insert(&engine->registry, entry);
@@ -209,6 +210,7 @@ ferry_status_t ferry_publish(ferry_engine_h handle)
     return status;
 }
 
+/* Caller holds published_lock (for published_epoch). */
 static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p)
 {
     ferry_descriptor_t *desc = ferry_descriptor_new();
@@ -233,6 +235,8 @@ static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_
     desc->buffers = calloc(registry->count + 1, sizeof(*desc->buffers));
     for (size_t i = 0; desc->buffers && i < registry->count; i++) {
         const ferry_reg_entry_t *entry = registry->entries[i];
+        if (entry->epoch > engine->published_epoch)
+            continue; /* registered with FERRY_REG_DEFER_PUBLISH, not published yet */
         ferry_desc_buffer_t *buffer = &desc->buffers[desc->n_buffers++];
         buffer->addr = entry->addr;
         buffer->length = entry->length;
@@ -256,28 +260,54 @@ err_unref:
     return status;
 }
 
+ferry_status_t ferry_engine_local_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p,
+                                             char **json_p)
+{
+    ferry_status_t status = FERRY_OK;
+    pthread_mutex_lock(&engine->published_lock);
+    if (engine->published_stale || engine->local_desc == NULL) {
+        ferry_descriptor_t *desc;
+        char *json = NULL;
+        status = build_descriptor(engine, &desc);
+        if (status == FERRY_OK && (status = ferry_descriptor_encode(desc, &json)) != FERRY_OK)
+            ferry_descriptor_unref(desc);
+        if (status == FERRY_OK) {
+            free(engine->published_json);
+            if (engine->local_desc)
+                ferry_descriptor_unref(engine->local_desc);
+            engine->published_json = json;
+            engine->local_desc = desc;
+            engine->published_stale = 0;
+        }
+    }
+    if (status == FERRY_OK && desc_p)
+        *desc_p = ferry_descriptor_ref(engine->local_desc);
+    if (status == FERRY_OK && json_p && (*json_p = strdup(engine->published_json)) == NULL) {
+        if (desc_p)
+            ferry_descriptor_unref(*desc_p);
+        status = FERRY_ERR_NO_MEMORY;
+    }
+    pthread_mutex_unlock(&engine->published_lock);
+    return status;
+}
+
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
 {
-    ferry_descriptor_t *desc;
+    pthread_mutex_lock(&engine->published_lock);
+    engine->published_stale = 1;
+    engine->published_epoch = engine->register_epoch;
+    pthread_mutex_unlock(&engine->published_lock);
+    /* Owner-served stores (p2p) ask us when a peer wants it: encoding now
+     * would make n registrations cost O(n^2). */
+    if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
+        return FERRY_OK;
     char *json;
-    ferry_status_t status = build_descriptor(engine, &desc);
+    ferry_status_t status = ferry_engine_local_descriptor(engine, NULL, &json);
     if (status != FERRY_OK)
         return status;
-    status = ferry_descriptor_encode(desc, &json);
-    if (status != FERRY_OK) {
-        ferry_descriptor_unref(desc);
-        return status;
-    }
-    pthread_mutex_lock(&engine->published_lock);
-    char *old_json = engine->published_json;
-    ferry_descriptor_t *old_desc = engine->local_desc;
-    engine->published_json = json;
-    engine->local_desc = desc;
-    pthread_mutex_unlock(&engine->published_lock);
-    free(old_json);
-    if (old_desc)
-        ferry_descriptor_unref(old_desc);
-    return engine->metadata->publish(engine->metadata_ctx, engine->name, json);
+    status = engine->metadata->publish(engine->metadata_ctx, engine->name, json);
+    free(json);
+    return status;
 }
 
 ferry_status_t ferry_engine_access_acquire(void *arg, uint64_t addr, uint64_t length,

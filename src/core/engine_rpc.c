@@ -25,11 +25,10 @@ static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *
         return FERRY_ERR_SEGMENT_NOT_FOUND;
     }
     ferry_engine_peer_seen(engine, from);
-    pthread_mutex_lock(&engine->published_lock);
-    char *json = engine->published_json ? strdup(engine->published_json) : NULL;
-    pthread_mutex_unlock(&engine->published_lock);
-    if (json == NULL)
-        return FERRY_ERR_NO_MEMORY;
+    char *json;
+    ferry_status_t status = ferry_engine_local_descriptor(engine, NULL, &json);
+    if (status != FERRY_OK)
+        return status;
     *reply_p = json;
     *reply_length_p = strlen(json);
     return FERRY_OK;
@@ -70,10 +69,10 @@ static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t 
     return status;
 }
 
-ferry_status_t ferry_engine_rpc_handle(ferry_engine_t *engine, int type, const void *payload,
-                                       size_t length, int *reply_type_p, void **reply_p,
-                                       size_t *reply_length_p)
+ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload, size_t length,
+                                       int *reply_type_p, void **reply_p, size_t *reply_length_p)
 {
+    ferry_engine_t *engine = arg;
     ferry_wire_reader_t in = {.data = payload, .length = length};
     ferry_wire_writer_t out = {0};
     ferry_status_t status;

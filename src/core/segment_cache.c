@@ -43,11 +43,10 @@ static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
                                        ferry_descriptor_t **desc_p)
 {
     char *json = NULL;
+    /* The store logs its own failures: it knows why. */
     ferry_status_t status = engine->metadata->fetch(engine->metadata_ctx, name, &json);
-    if (status != FERRY_OK) {
-        ferry_error("segment \"%s\": %s", name, ferry_status_string(status));
+    if (status != FERRY_OK)
         return status;
-    }
     status = ferry_descriptor_decode(json, strlen(json), desc_p);
     free(json);
     if (status != FERRY_OK)
@@ -57,10 +56,8 @@ static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
 
 static ferry_descriptor_t *local_descriptor(ferry_engine_t *engine)
 {
-    pthread_mutex_lock(&engine->published_lock);
-    ferry_descriptor_t *desc = ferry_descriptor_ref(engine->local_desc);
-    pthread_mutex_unlock(&engine->published_lock);
-    return desc;
+    ferry_descriptor_t *desc;
+    return ferry_engine_local_descriptor(engine, &desc, NULL) == FERRY_OK ? desc : NULL;
 }
 
 static int is_own_name(ferry_engine_t *engine, const char *name)

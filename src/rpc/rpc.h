@@ -35,26 +35,33 @@ typedef struct ferry_rpc_header {
 } ferry_rpc_header_t;
 
 void ferry_rpc_header_pack(const ferry_rpc_header_t *header, uint8_t out[FERRY_RPC_HEADER_SIZE]);
-/* FERRY_ERR_PROTOCOL on bad magic/version/reserved or length > max_frame. */
+/* FERRY_ERR_PROTOCOL on bad magic/version/reserved, a type outside 1..9 or
+ * length > max_frame. */
 ferry_status_t ferry_rpc_header_unpack(const uint8_t in[FERRY_RPC_HEADER_SIZE],
                                        size_t max_frame, ferry_rpc_header_t *header);
 
 /* Handler run by the server thread for each request; must not block on the
- * network.  *reply_p is malloc-ed (or NULL); the returned status goes into
- * the reply header. */
+ * network.  payload is never NULL.  *reply_p is malloc-ed (or NULL); the
+ * returned status goes into the reply header.  A reply type left unset is
+ * the request type + 1 (FERRY_RPC_ERROR_REPLY when the handler failed); a
+ * reply over max_frame becomes an error reply (FERRY_ERR_NO_RESOURCE). */
 typedef ferry_status_t (*ferry_rpc_handler_fn)(void *arg, int type, const void *payload,
                                                size_t length, int *reply_type_p,
                                                void **reply_p, size_t *reply_length_p);
 
 typedef struct ferry_rpc_server ferry_rpc_server_t;
 
+/* At most 256 connections; an idle one closes after 10 x timeout_ms, one
+ * that stops reading its reply after timeout_ms.  timeout_ms 0: no limits. */
 ferry_status_t ferry_rpc_server_start(const char *host, int port, size_t max_frame,
                                       unsigned timeout_ms, ferry_rpc_handler_fn handler,
                                       void *arg, ferry_rpc_server_t **server_p, int *port_p);
 void ferry_rpc_server_stop(ferry_rpc_server_t *server);
 
 /* Connect, send one request, read one reply, close.  Every step bounded by
- * timeout_ms.  A reply whose header status is an error returns that status. */
+ * timeout_ms (0: no limit).  A reply whose header status is an error returns
+ * that status; the reply type must be the request type + 1.  *reply_p gets
+ * one extra NUL byte past *reply_length_p so text replies are C strings. */
 ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payload,
                               size_t length, unsigned timeout_ms, size_t max_frame,
                               void **reply_p, size_t *reply_length_p);

@@ -10,12 +10,12 @@
  */
 #include "rpc.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -132,6 +132,10 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
             warn_refused(server, now, "out of memory");
             continue;
         }
+        /* Pipelined replies are small writes; Nagle would hold each one back
+         * until the client's delayed ACK for the previous one. */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         conn->fd = fd;
         conn->active_ms = now;
         format_peer(&addr, addrlen, conn->peer, sizeof(conn->peer));
@@ -311,15 +315,13 @@ static int conn_read(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
             return 0;
         }
         if (got == 0) {
-            if (in_frame) {
+            /* Between frames this is a normal close (replies are out before we
+             * read again, so a client may shut its side after its last request). */
+            if (in_frame)
                 ferry_warn("RPC connection from %s closed inside a frame (%zu of %zu header "
                            "bytes, %zu of %u payload bytes)", conn->peer, conn->header_got,
                            (size_t)FERRY_RPC_HEADER_SIZE, conn->payload_got,
                            in_header ? 0u : conn->header.length);
-                return 0;
-            }
-            /* Replies are out before we read again, so nothing is lost by
-             * closing: a client may shut its side after its last request. */
             return 0;
         }
         conn->active_ms = now;

@@ -60,6 +60,9 @@ static ferry_status_t p2p_fetch(void *ctx, const char *name, char **descriptor_p
     if (status == FERRY_ERR_CONNECT || status == FERRY_ERR_TIMEOUT)
         ferry_error("p2p segment \"%s\": its owner at %s does not answer (%s)", name, endpoint,
                     ferry_status_string(status));
+    else if (status != FERRY_OK)
+        ferry_error("p2p segment \"%s\": the engine at %s says: %s", name, endpoint,
+                    ferry_status_string(status));
     return status;
 }
 
@@ -89,6 +92,7 @@ static const ferry_plugin_t p2p_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_METADATA,
     .name = "p2p",
+    .flags = FERRY_METADATA_OWNER_SERVES,
     .description = "serverless: descriptors fetched from their owner over RPC (default)",
     .ops = &p2p_ops,
 };

@@ -91,10 +91,9 @@ typedef struct ferry_tcp_conn {
     ferry_status_t fail_status;
     int threads_left;
 
-    /* lock-free: load balancing and the receiver's stall detection */
-    atomic_size_t outstanding;  /* bytes queued or in flight */
-    atomic_int sending;         /* the sender is inside sendmsg */
-    atomic_uint_fast64_t last_activity_ms;
+    /* lock-free: load balancing and stall detection */
+    atomic_size_t outstanding;             /* bytes queued or in flight */
+    atomic_uint_fast64_t last_activity_ms; /* a byte moved either way */
 } ferry_tcp_conn_t;
 
 typedef enum ferry_tcp_peer_state {

@@ -176,6 +176,105 @@ static void conn_leave(ferry_tcp_conn_t *conn)
     atomic_fetch_sub(&peer->threads_running, 1);
 }
 
+/* A socket call came back empty after one tick (TIMEOUT/4): give up only
+ * when requests are outstanding and neither thread moved a byte for
+ * TIMEOUT.  Ticks keep the bound near TIMEOUT; a kernel timeout alone
+ * restarts with every partial transfer and could stretch it to twice that. */
+static int conn_stalled(ferry_tcp_conn_t *conn, int at_boundary)
+{
+    if (at_boundary) {
+        pthread_mutex_lock(&conn->lock);
+        int idle = conn->inflight_head == NULL;
+        pthread_mutex_unlock(&conn->lock);
+        if (idle)
+            return 0;
+    }
+    uint64_t quiet = ferry_time_ms() - atomic_load(&conn->last_activity_ms);
+    return quiet >= conn->peer->tcp->settings.timeout_ms;
+}
+
+static ferry_status_t conn_io_error(ferry_tcp_conn_t *conn, ssize_t rc, int at_boundary)
+{
+    if (rc == 0)
+        return FERRY_ERR_PEER_FAILED;
+    if (errno == EINTR)
+        return FERRY_OK;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return conn_stalled(conn, at_boundary) ? FERRY_ERR_TIMEOUT : FERRY_OK;
+    return FERRY_ERR_PEER_FAILED;
+}
+
+static ferry_status_t conn_send(ferry_tcp_conn_t *conn, struct iovec *iov, int iovcnt)
+{
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    while (msg.msg_iovlen > 0) {
+        ssize_t sent = sendmsg(conn->fd, &msg, MSG_NOSIGNAL);
+        if (sent <= 0) {
+            ferry_status_t status = conn_io_error(conn, sent, 0);
+            if (status != FERRY_OK)
+                return status;
+            continue;
+        }
+        atomic_store(&conn->last_activity_ms, ferry_time_ms());
+        size_t left = (size_t)sent;
+        while (msg.msg_iovlen > 0 && left >= msg.msg_iov->iov_len) {
+            left -= msg.msg_iov->iov_len;
+            msg.msg_iov++;
+            msg.msg_iovlen--;
+        }
+        if (msg.msg_iovlen > 0) {
+            msg.msg_iov->iov_base = (char *)msg.msg_iov->iov_base + left;
+            msg.msg_iov->iov_len -= left;
+        }
+    }
+    return FERRY_OK;
+}
+
+static ferry_status_t conn_recv(ferry_tcp_conn_t *conn, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t got = recv(conn->fd, p, len, MSG_WAITALL);
+        if (got <= 0) {
+            ferry_status_t status = conn_io_error(conn, got, 0);
+            if (status != FERRY_OK)
+                return status;
+            continue;
+        }
+        atomic_store(&conn->last_activity_ms, ferry_time_ms());
+        p += got;
+        len -= (size_t)got;
+    }
+    return FERRY_OK;
+}
+
+typedef struct rx_buffer {
+    size_t pos, len;
+    unsigned char data[RX_BUFFER];
+} rx_buffer_t;
+
+/* At least `need` bytes in rx; an idle connection waits for ever. */
+static ferry_status_t rx_fill(ferry_tcp_conn_t *conn, rx_buffer_t *rx, size_t need)
+{
+    if (rx->len - rx->pos >= need)
+        return FERRY_OK;
+    memmove(rx->data, rx->data + rx->pos, rx->len - rx->pos);
+    rx->len -= rx->pos;
+    rx->pos = 0;
+    while (rx->len < need) {
+        ssize_t got = recv(conn->fd, rx->data + rx->len, sizeof(rx->data) - rx->len, 0);
+        if (got <= 0) {
+            ferry_status_t status = conn_io_error(conn, got, rx->len == 0);
+            if (status != FERRY_OK)
+                return status;
+            continue;
+        }
+        rx->len += (size_t)got;
+        atomic_store(&conn->last_activity_ms, ferry_time_ms());
+    }
+    return FERRY_OK;
+}
+
 static void *sender_main(void *arg)
 {
     ferry_tcp_conn_t *conn = arg;
@@ -188,7 +287,10 @@ static void *sender_main(void *arg)
             pthread_cond_wait(&conn->wakeup, &conn->lock);
         if (conn->dead)
             break;
-        /* In flight before written: the response may beat the sender's return. */
+        /* In flight before written: the response may beat the sender's return.
+         * The quiet-time clock starts now, under the lock the receiver's
+         * stall check takes, so an old timestamp never meets a new slice. */
+        atomic_store(&conn->last_activity_ms, ferry_time_ms());
         int n = 0, iovcnt = 0;
         size_t bytes = 0;
         while (conn->queue_head != NULL && n < FERRY_TCP_SEND_BATCH &&
@@ -219,11 +321,7 @@ static void *sender_main(void *arg)
         }
         pthread_mutex_unlock(&conn->lock);
 
-        atomic_store(&conn->last_activity_ms, ferry_time_ms());
-        atomic_store(&conn->sending, 1);
-        ferry_status_t status = ferry_net_sendv_all(conn->fd, iov, iovcnt);
-        atomic_store(&conn->sending, 0);
-        atomic_store(&conn->last_activity_ms, ferry_time_ms());
+        ferry_status_t status = conn_send(conn, iov, iovcnt);
 
         pthread_mutex_lock(&conn->lock);
         if (status != FERRY_OK) {
@@ -237,48 +335,6 @@ static void *sender_main(void *arg)
     }
     conn_leave(conn);
     return NULL;
-}
-
-typedef struct rx_buffer {
-    size_t pos, len;
-    unsigned char data[RX_BUFFER];
-} rx_buffer_t;
-
-/* On a receive timeout: keep waiting unless requests are outstanding and
- * neither direction moved a byte for TIMEOUT. */
-static int may_keep_waiting(ferry_tcp_conn_t *conn)
-{
-    pthread_mutex_lock(&conn->lock);
-    int idle = conn->inflight_head == NULL;
-    pthread_mutex_unlock(&conn->lock);
-    if (idle || atomic_load(&conn->sending))
-        return 1;
-    uint64_t quiet = ferry_time_ms() - atomic_load(&conn->last_activity_ms);
-    return quiet < conn->peer->tcp->settings.timeout_ms;
-}
-
-static ferry_status_t rx_fill(ferry_tcp_conn_t *conn, rx_buffer_t *rx, size_t need)
-{
-    if (rx->len - rx->pos >= need)
-        return FERRY_OK;
-    memmove(rx->data, rx->data + rx->pos, rx->len - rx->pos);
-    rx->len -= rx->pos;
-    rx->pos = 0;
-    while (rx->len < need) {
-        ssize_t got = recv(conn->fd, rx->data + rx->len, sizeof(rx->data) - rx->len, 0);
-        if (got > 0) {
-            rx->len += (size_t)got;
-            atomic_store(&conn->last_activity_ms, ferry_time_ms());
-        } else if (got == 0) {
-            return FERRY_ERR_PEER_FAILED;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (!may_keep_waiting(conn))
-                return FERRY_ERR_TIMEOUT;
-        } else if (errno != EINTR) {
-            return FERRY_ERR_PEER_FAILED;
-        }
-    }
-    return FERRY_OK;
 }
 
 /* What the engine hears about a target's answer.  Argument-class errors
@@ -341,9 +397,7 @@ static void *receiver_main(void *arg)
             memcpy(slice->local, rx->data + rx->pos, copied);
             rx->pos += copied;
             if (copied < slice->length)
-                status = ferry_net_recv_all(conn->fd, (char *)slice->local + copied,
-                                            slice->length - copied);
-            atomic_store(&conn->last_activity_ms, ferry_time_ms());
+                status = conn_recv(conn, (char *)slice->local + copied, slice->length - copied);
             if (status != FERRY_OK) {
                 /* This slice is ours alone now: fail it after the peer. */
                 peer_fail(conn->peer, status, "receiving READ data");
@@ -461,7 +515,8 @@ static ferry_status_t peer_connect(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer)
         ferry_tcp_tune_socket(tcp, fd);
         ferry_net_set_timeout(fd, tcp->settings.connect_timeout_ms);
         status = hello(tcp, peer, fd);
-        ferry_net_set_timeout(fd, tcp->settings.timeout_ms);
+        unsigned timeout = tcp->settings.timeout_ms;
+        ferry_net_set_timeout(fd, timeout ? FERRY_MAX(timeout / 4, 1u) : 0); /* a tick */
     }
     if (status == FERRY_OK)
         status = start_threads(peer);

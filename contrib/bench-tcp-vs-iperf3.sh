@@ -1,0 +1,64 @@
+#!/bin/sh
+# Compare ferry_bench over the native TCP transport with iperf3 over loopback,
+# in one run on this host.  Prints each run and the medians of $RUNS runs.
+# Usage: contrib/bench-tcp-vs-iperf3.sh [BUILD_DIR]   (default: the source tree)
+set -eu
+build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+bench=$build/ferry_bench
+runs=${RUNS:-5}
+seconds=${SECONDS_PER_RUN:-5}
+export FERRY_RPC_ADDRESS=127.0.0.1
+command -v iperf3 >/dev/null || { echo "iperf3 is not installed" >&2; exit 1; }
+[ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+
+# iperf3 -P N: GB/s (10^9 bytes) received
+iperf_run() {
+    port=$(free_port)
+    iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+    server=$!
+    sleep 0.3
+    iperf3 -c 127.0.0.1 -p "$port" -P "$1" -t "$seconds" -J 2>/dev/null |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.4f" % (d["end"]["sum_received"]["bits_per_second"]/8e9))'
+    wait "$server" 2>/dev/null || true
+}
+
+ferry_run() { # op block batch threads
+    "$bench" --spawn --transport=tcp --operation="$1" --block-size="$2" --batch-size="$3" \
+        --threads="$4" --duration="$seconds" | sed -n 's/.* gbps=\([0-9.]*\).*/\1/p'
+}
+
+report() { # label baseline_file result_file
+    b=$(median < "$2"); r=$(median < "$3")
+    ratio=$(awk -v r="$r" -v b="$b" 'BEGIN {printf "%.2f", r/b}')
+    printf '%-44s ferry %7.3f GB/s   iperf3 %7.3f GB/s   ratio %s\n' "$1" "$r" "$b" "$ratio"
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for i in $(seq "$runs"); do
+    iperf_run 1 >> "$tmp/iperf1"
+    iperf_run 2 >> "$tmp/iperf2"
+    for op in write read; do
+        ferry_run $op 4m 16 1 >> "$tmp/$op-4m-1"
+        ferry_run $op 64k 128 1 >> "$tmp/$op-64k-1"
+        ferry_run $op 4m 16 2 >> "$tmp/$op-4m-2"
+        ferry_run $op 64k 128 2 >> "$tmp/$op-64k-2"
+    done
+    echo "run $i: iperf3 -P1 $(tail -1 "$tmp/iperf1") -P2 $(tail -1 "$tmp/iperf2");" \
+         "write 4m $(tail -1 "$tmp/write-4m-1") 64k $(tail -1 "$tmp/write-64k-1");" \
+         "read 4m $(tail -1 "$tmp/read-4m-1") 64k $(tail -1 "$tmp/read-64k-1");" \
+         "2 threads: write 4m $(tail -1 "$tmp/write-4m-2") read 4m $(tail -1 "$tmp/read-4m-2")"
+done
+echo "medians of $runs runs of ${seconds}s:"
+for op in write read; do
+    report "$op 4 MiB, batch 16, 1 thread (vs -P 1)" "$tmp/iperf1" "$tmp/$op-4m-1"
+    report "$op 64 KiB, batch 128, 1 thread (vs -P 1)" "$tmp/iperf1" "$tmp/$op-64k-1"
+    report "$op 4 MiB, batch 16, 2 threads (vs -P 2)" "$tmp/iperf2" "$tmp/$op-4m-2"
+    report "$op 64 KiB, batch 128, 2 threads (vs -P 2)" "$tmp/iperf2" "$tmp/$op-64k-2"
+done
