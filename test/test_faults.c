@@ -31,6 +31,7 @@ static unsigned char *local;
 static void setup(void)
 {
     setenv("FERRY_TCP_TIMEOUT", "1000", 1);
+    setenv("FERRY_TRANSPORTS", "tcp", 1); /* peers inherit both */
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
     cr_assert_eq(posix_memalign((void **)&local, 4096, 72 * MIB), 0);
     memset(local, 1, 72 * MIB);

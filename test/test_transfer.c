@@ -19,6 +19,7 @@ static size_t local_size = 72 * MIB;
 
 static void setup(void)
 {
+    setenv("FERRY_TRANSPORTS", "tcp", 1); /* this suite is about tcp; peers inherit it */
     cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", (size_t)70 * MIB), "OK");
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);

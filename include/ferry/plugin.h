@@ -118,6 +118,8 @@ typedef struct ferry_transport_services {
     void (*slice_done)(ferry_slice_t *slice, ferry_status_t status);
     /* A peer whose RPC endpoint is rpc talks to us: tell it on unregister. */
     void (*peer_seen)(void *engine, const char *rpc);
+    /* Target side: a notify arrived through the transport (any thread). */
+    void (*notify_deliver)(void *engine, const char *from, const void *msg, size_t length);
 } ferry_transport_services_t;
 
 typedef struct ferry_transport_ops {
@@ -140,6 +142,11 @@ typedef struct ferry_transport_ops {
     void (*peer_forget)(void *ctx, const ferry_peer_t *peer);
     /* Slice size this transport wants, 0 = no slicing. */
     size_t (*slice_size)(void *ctx);
+    /* Optional: deliver a notify (<= FERRY_NOTIFY_MAX bytes) to the peer, which
+     * hands it to its engine's notify_deliver.  Returns once the peer has it
+     * or the transport's bound passed.  NULL: the engine uses its RPC. */
+    ferry_status_t (*notify)(void *ctx, const ferry_peer_t *peer, const char *from,
+                             const void *msg, size_t length);
 } ferry_transport_ops_t;
 
 /* ferry_plugin_t.flags */

@@ -40,7 +40,7 @@ struct ferry_batch {
     pthread_mutex_t submit_lock;/* used, requests[] setup, notify fields */
     pthread_mutex_t lock;       /* with done: waiting for pending == 0 */
     pthread_cond_t done;
-    char *notify_rpc;           /* attached notify, sent once the batch completes */
+    ferry_descriptor_t *notify_desc; /* attached notify, sent once the batch completes */
     void *notify_msg;
     size_t notify_length;
     struct ferry_batch *next;   /* engine->batches_lock */
@@ -412,16 +412,16 @@ ferry_status_t ferry_batch_status(ferry_batch_h handle, size_t index,
 static ferry_status_t send_attached_notify(ferry_batch_t *batch)
 {
     pthread_mutex_lock(&batch->submit_lock);
-    char *rpc = batch->notify_rpc;
+    ferry_descriptor_t *desc = batch->notify_desc;
     void *msg = batch->notify_msg;
     size_t length = batch->notify_length;
-    batch->notify_rpc = NULL;
+    batch->notify_desc = NULL;
     batch->notify_msg = NULL;
     pthread_mutex_unlock(&batch->submit_lock);
-    if (rpc == NULL)
+    if (desc == NULL)
         return FERRY_OK;
-    ferry_status_t status = ferry_engine_send_notify(batch->engine, rpc, msg, length);
-    free(rpc);
+    ferry_status_t status = ferry_engine_send_notify(batch->engine, desc, msg, length);
+    ferry_descriptor_unref(desc);
     free(msg);
     return status;
 }
@@ -478,20 +478,18 @@ ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_
     ferry_status_t status = ferry_segment_descriptor(engine, segment, &desc);
     if (status != FERRY_OK)
         return status;
-    char *rpc = strdup(desc->rpc);
     void *copy = malloc(length ? length : 1);
-    ferry_descriptor_unref(desc);
-    if (rpc == NULL || copy == NULL) {
-        free(rpc);
-        free(copy);
+    if (copy == NULL) {
+        ferry_descriptor_unref(desc);
         return FERRY_ERR_NO_MEMORY;
     }
     if (length)
         memcpy(copy, msg, length);
     pthread_mutex_lock(&batch->submit_lock);
-    free(batch->notify_rpc);
+    if (batch->notify_desc)
+        ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);
-    batch->notify_rpc = rpc;
+    batch->notify_desc = desc;
     batch->notify_msg = copy;
     batch->notify_length = length;
     pthread_mutex_unlock(&batch->submit_lock);
@@ -503,7 +501,8 @@ static void batch_free(ferry_batch_t *batch)
     ferry_handle_free(batch->handle);
     for (size_t i = 0; i < batch->used; i++)
         request_release(batch->engine, &batch->requests[i]);
-    free(batch->notify_rpc);
+    if (batch->notify_desc)
+        ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);
     free(batch->requests);
     pthread_mutex_destroy(&batch->submit_lock);

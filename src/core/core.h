@@ -254,8 +254,9 @@ void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc);
 /* engine_rpc.c */
 ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char *name,
                                       char **descriptor_p);
-ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
+ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                                         const void *msg, size_t length);
+void ferry_engine_notify_deliver(void *engine, const char *from, const void *msg, size_t length);
 ferry_status_t ferry_engine_rpc_handle(void *engine, int type, const void *payload,
                                        size_t length, int *reply_type_p, void **reply_p,
                                        size_t *reply_length_p);

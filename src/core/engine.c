@@ -296,6 +296,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         .access_release = ferry_engine_access_release,
         .slice_done = ferry_batch_slice_done,
         .peer_seen = ferry_engine_peer_seen,
+        .notify_deliver = ferry_engine_notify_deliver,
     };
     status = start_transports(engine);
     if (status != FERRY_OK)

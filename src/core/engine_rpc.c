@@ -6,6 +6,7 @@
 #include "core.h"
 #include "../rpc/rpc.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,19 +35,18 @@ static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *
     return FERRY_OK;
 }
 
-static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t *in)
+/* Queue a notify for ferry_notify_recv (from RPC or any transport). */
+static ferry_status_t notify_enqueue(ferry_engine_t *engine, const char *from, const void *msg,
+                                     size_t length)
 {
+    if (length > FERRY_NOTIFY_MAX)
+        return FERRY_ERR_PROTOCOL;
     ferry_notify_item_t *item = calloc(1, sizeof(*item));
     if (item == NULL)
         return FERRY_ERR_NO_MEMORY;
-    size_t length;
-    ferry_wire_get_str(in, item->notify.from, sizeof(item->notify.from));
-    const void *msg = ferry_wire_get_bytes(in, &length);
-    if (in->failed || length > FERRY_NOTIFY_MAX) {
-        free(item);
-        return FERRY_ERR_PROTOCOL;
-    }
-    memcpy(item->notify.msg, msg, length);
+    snprintf(item->notify.from, sizeof(item->notify.from), "%s", from);
+    if (length)
+        memcpy(item->notify.msg, msg, length);
     item->notify.length = length;
     ferry_status_t status = FERRY_OK;
     pthread_mutex_lock(&engine->notify_lock);
@@ -67,6 +67,22 @@ static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t 
         free(item);
     }
     return status;
+}
+
+void ferry_engine_notify_deliver(void *engine, const char *from, const void *msg, size_t length)
+{
+    notify_enqueue(engine, from, msg, length);
+}
+
+static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t *in)
+{
+    char from[256];
+    size_t length;
+    ferry_wire_get_str(in, from, sizeof(from));
+    const void *msg = ferry_wire_get_bytes(in, &length);
+    if (in->failed)
+        return FERRY_ERR_PROTOCOL;
+    return notify_enqueue(engine, from, msg, length);
 }
 
 ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload, size_t length,
@@ -127,7 +143,22 @@ ferry_status_t ferry_engine_rpc_fetch(void *arg, const char *rpc, const char *na
     return status;
 }
 
-ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
+/* Through the first transport both sides enabled that carries notifies. */
+static int notify_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc, int *j_p)
+{
+    int same_host = strcmp(desc->host_id, engine->host_id) == 0;
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (tp->ops->notify == NULL ||
+            ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) && !same_host))
+            continue;
+        if ((*j_p = ferry_descriptor_transport_index(desc, tp->plugin->name)) >= 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                                         const void *msg, size_t length)
 {
     if (length > FERRY_NOTIFY_MAX) {
@@ -135,6 +166,18 @@ ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const char *rpc,
                     FERRY_NOTIFY_MAX);
         return FERRY_ERR_INVALID_PARAM;
     }
+    int j, i = notify_transport(engine, desc, &j);
+    if (i >= 0) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        ferry_peer_t peer;
+        ferry_engine_make_peer(engine, desc, j, &peer);
+        ferry_status_t status = tp->ops->notify(tp->ctx, &peer, engine->name, msg, length);
+        if (status == FERRY_OK)
+            return FERRY_OK;
+        ferry_warn("notify to %s via %s failed (%s); trying RPC", desc->name, tp->plugin->name,
+                   ferry_status_string(status));
+    }
+    const char *rpc = desc->rpc;
     ferry_wire_writer_t out = {0};
     ferry_wire_put_str(&out, engine->name);
     ferry_wire_put_bytes(&out, msg, length);
@@ -167,7 +210,7 @@ ferry_status_t ferry_notify_send(ferry_engine_h handle, ferry_segment_h segment_
     ferry_status_t status = ferry_segment_descriptor(engine, segment, &desc);
     if (status != FERRY_OK)
         return status;
-    status = ferry_engine_send_notify(engine, desc->rpc, msg, length);
+    status = ferry_engine_send_notify(engine, desc, msg, length);
     ferry_descriptor_unref(desc);
     return status;
 }
