@@ -165,8 +165,18 @@ typedef struct ferry_metadata_services {
     /* p2p: fetch a descriptor from the engine listening at rpc (host:port). */
     ferry_status_t (*rpc_fetch)(void *engine, const char *rpc, const char *name,
                                 char **descriptor_p);
+    /* A watch saw the named segment republished or gone: cached copies are
+     * stale (any thread; must not be called with a lock the plugin's other
+     * calls need). */
+    void (*segment_changed)(void *engine, const char *name);
 } ferry_metadata_services_t;
 
+/*
+ * A store keeps this engine's newest descriptor: when the server cannot be
+ * reached, publish returns FERRY_ERR_METADATA (the engine logs it, the
+ * registration still succeeds) and the store keeps retrying in the
+ * background until the server takes it.  fetch is bounded in time.
+ */
 typedef struct ferry_metadata_ops {
     size_t size;
     ferry_status_t (*create)(const ferry_metadata_services_t *svc, const char *uri,

@@ -158,6 +158,8 @@ ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *n
 /* The owner said its descriptor changed. */
 void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
                                     uint64_t generation);
+/* ferry_metadata_services_t.segment_changed */
+void ferry_segment_cache_changed(void *engine, const char *name);
 
 /* ---------------- engine.c ---------------- */
 

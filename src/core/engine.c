@@ -145,6 +145,7 @@ static ferry_status_t start_metadata(ferry_engine_t *engine)
         .engine = engine,
         .rpc_endpoint = engine->rpc_endpoint,
         .rpc_fetch = ferry_engine_rpc_fetch,
+        .segment_changed = ferry_segment_cache_changed,
     };
     status = engine->metadata->create(&engine->metadata_services, uri, &engine->metadata_ctx);
     if (status != FERRY_OK) {

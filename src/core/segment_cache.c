@@ -249,6 +249,11 @@ ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *n
     return result;
 }
 
+void ferry_segment_cache_changed(void *engine, const char *name)
+{
+    ferry_segment_cache_invalidate(engine, name, 0);
+}
+
 void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
                                     uint64_t generation)
 {
@@ -257,7 +262,7 @@ void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
     for (ferry_segment_t *s = cache->list; s; s = s->next) {
         pthread_mutex_lock(&s->lock);
         /* p2p segments may be opened by address, so match the descriptor's name. */
-        if (s->desc && strcmp(s->desc->name, name) == 0) {
+        if ((s->desc && strcmp(s->desc->name, name) == 0) || strcmp(s->name, name) == 0) {
             s->stale = 1;
             ferry_debug("segment \"%s\" invalidated by its owner (generation 0x%016llx)",
                         s->name, (unsigned long long)generation);
