@@ -38,6 +38,27 @@ Test(tools, ferry_info_lists_plugins_and_settings)
     cr_assert_eq(run(command, output, sizeof(output)), 2);
 }
 
+Test(tools, every_setting_is_documented)
+{
+    char command[1024], path[1024];
+    snprintf(command, sizeof(command), "%s -c", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 0);
+    snprintf(path, sizeof(path), "%s/doc/configuration.md", getenv("FERRY_SRCDIR"));
+    FILE *doc = fopen(path, "r");
+    cr_assert_not_null(doc, "%s", path);
+    static char text[1 << 18];
+    text[fread(text, 1, sizeof(text) - 1, doc)] = '\0';
+    fclose(doc);
+    for (char *line = strtok(output, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "FERRY_", 6) != 0)
+            continue;
+        char name[128], quoted[132];
+        snprintf(name, sizeof(name), "%.*s", (int)strcspn(line, "="), line);
+        snprintf(quoted, sizeof(quoted), "`%s`", name);
+        cr_assert(strstr(text, quoted) != NULL, "%s is not in doc/configuration.md", name);
+    }
+}
+
 Test(tools, ferry_info_names_an_unreachable_segment)
 {
     char command[1024];

@@ -126,7 +126,7 @@ void ferry_settings_release(const ferry_setting_t *table, size_t count, void *ds
 void ferry_settings_print(FILE *out, const ferry_settings_table_t *table)
 {
     char name[128];
-    fprintf(out, "#\n# %s\n#\n", table->title);
+    fprintf(out, "\n# ---- %s ----\n", table->title);
     for (size_t i = 0; i < table->count; i++) {
         const ferry_setting_t *setting = &table->settings[i];
         variable_name(table->component, setting->name, name, sizeof(name));
