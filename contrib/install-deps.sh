@@ -4,8 +4,12 @@
 set -e
 what=${1:-test}
 packages="build-essential autoconf automake libtool pkg-config libjansson-dev"
+# metadata stores: etcd/http modules (libcurl), redis module, ferry_metad
+packages="$packages libcurl4-openssl-dev libhiredis-dev libmicrohttpd-dev"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3 libucx-dev"
+    # servers the metadata tests start themselves, on free loopback ports
+    packages="$packages etcd-server etcd-client redis-server"
 fi
 missing=""
 for p in $packages; do
@@ -16,5 +20,20 @@ if [ -n "$missing" ]; then
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -q
+    # etcd-server and redis-server start their packaged daemons on install;
+    # the tests run their own, and where there is no init system starting
+    # them fails the install.  A policy-rc.d that says "no" (if none is
+    # there already) keeps the packaged daemons down while we install.
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee $policy >/dev/null
+        $SUDO chmod 755 $policy
+        trap '$SUDO rm -f $policy' EXIT
+    fi
     $SUDO apt-get install -y -q --no-install-recommends $missing
+    if [ -n "$policy" ]; then
+        $SUDO rm -f $policy
+        trap - EXIT
+    fi
 fi

@@ -337,12 +337,13 @@ void ferry_engine_free(ferry_engine_t *engine)
         free(engine->transports[i].address);
     }
     ferry_batch_free_all(engine);
-    ferry_segment_cache_fini(engine, &engine->segments);
+    /* The store's watch may still call segment_changed until it is destroyed. */
     if (engine->metadata_ctx) {
         if (engine->name)
             engine->metadata->remove(engine->metadata_ctx, engine->name);
         engine->metadata->destroy(engine->metadata_ctx);
     }
+    ferry_segment_cache_fini(engine, &engine->segments);
     ferry_registry_fini(&engine->registry);
     for (ferry_subscriber_t *s = engine->subscribers, *next; s; s = next) {
         next = s->next;

@@ -36,6 +36,7 @@ typedef struct options {
     size_t buffer_size;
     int verify;
     int spawn;
+    int latency;
 } options_t;
 
 typedef struct thread_ctx {
@@ -49,6 +50,8 @@ typedef struct thread_ctx {
     double seconds;
     int failed;
     char transport[32];
+    double *samples; /* --latency: microseconds per request */
+    size_t n_samples, cap_samples;
 } thread_ctx_t;
 
 static volatile sig_atomic_t stop_requested;
@@ -108,7 +111,12 @@ static void usage(FILE *out)
         "                        most 64m; blocks wrap around it)\n"
         "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
         "  --verify              check every byte moved (throughput then means little)\n"
-        "Prints throughput in GB/s (10^9 bytes per second) and requests per second.\n");
+        "  --latency             one request per batch, timed from submit to completion\n"
+        "                        (a write completes once in the target's memory); prints\n"
+        "                        the median and 99th percentile in microseconds\n"
+        "Prints throughput in GB/s (10^9 bytes per second) and requests per second.\n"
+        "ferry_bench --metadata-ops [--metadata=URI] measures the metadata store instead\n"
+        "(see ferry_bench --metadata-ops --help).\n");
 }
 
 static int parse_options(int argc, char **argv, options_t *o)
@@ -120,6 +128,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"threads", required_argument, NULL, 't'},   {"duration", required_argument, NULL, 'd'},
         {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
         {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
+        {"latency", no_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -133,6 +142,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 's': o->segment = optarg; break;
         case 'T': o->transport = optarg; break;
         case 'v': o->verify = 1; break;
+        case 'L': o->latency = 1; break;
         case 'P': o->spawn = 1; break;
         case 'o':
             if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
@@ -185,6 +195,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         fprintf(stderr, "ferry_bench: --mode is target or initiator\n");
         return -1;
     }
+    if (o->latency)
+        o->batch_size = 1;
     if (o->buffer_size == 0) {
         size_t want = o->block_size * o->batch_size;
         o->buffer_size = want < ((size_t)64 << 20) ? want : ((size_t)64 << 20);
@@ -322,9 +334,23 @@ static void *initiator_thread(void *arg)
                                         ctx->local + offset, ctx->segment,
                                         ctx->remote + offset, o->block_size};
         }
+        double submitted = o->latency ? now_seconds() : 0;
         status = ferry_batch_submit(batch, reqs, o->batch_size);
         if (status == FERRY_OK)
             status = ferry_batch_wait(batch, -1);
+        if (o->latency && status == FERRY_OK) {
+            double us = (now_seconds() - submitted) * 1e6;
+            if (ctx->n_samples == ctx->cap_samples) {
+                size_t cap = ctx->cap_samples ? ctx->cap_samples * 2 : 65536;
+                double *grown = realloc(ctx->samples, cap * sizeof(*grown));
+                if (grown != NULL) {
+                    ctx->samples = grown;
+                    ctx->cap_samples = cap;
+                }
+            }
+            if (ctx->n_samples < ctx->cap_samples)
+                ctx->samples[ctx->n_samples++] = us;
+        }
         if (status != FERRY_OK) {
             fprintf(stderr, "ferry_bench: batch failed: %s\n", ferry_status_string(status));
             ctx->failed = 1;
@@ -349,6 +375,17 @@ static void *initiator_thread(void *arg)
     free(reqs);
     free(scratch);
     return NULL;
+}
+
+static size_t ctx_samples(const thread_ctx_t *ctx)
+{
+    return ctx->samples ? ctx->n_samples : 0;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static int run_initiator(const options_t *o, const char *segment_name)
@@ -400,8 +437,20 @@ static int run_initiator(const options_t *o, const char *segment_name)
     uint64_t bytes = 0, requests = 0;
     double seconds = 0;
     int failed = 0;
+    size_t n_samples = 0;
+    double *samples = NULL;
     for (unsigned t = 0; t < o->threads; t++) {
         pthread_join(tids[t], NULL);
+        double *grown = realloc(samples, (n_samples + ctx_samples(&ctxs[t]) + 1) *
+                                             sizeof(*samples));
+        if (grown != NULL && ctx_samples(&ctxs[t]) > 0) {
+            memcpy(grown + n_samples, ctxs[t].samples,
+                   ctx_samples(&ctxs[t]) * sizeof(*samples));
+            n_samples += ctx_samples(&ctxs[t]);
+        }
+        if (grown != NULL)
+            samples = grown;
+        free(ctxs[t].samples);
         bytes += ctxs[t].bytes;
         requests += ctxs[t].requests;
         failed |= ctxs[t].failed;
@@ -422,6 +471,17 @@ static int run_initiator(const options_t *o, const char *segment_name)
            ctxs[0].transport : "?", o->block_size, o->batch_size, o->threads, seconds, bytes,
            bytes / seconds / 1e9, requests / seconds, o->verify ? "yes" : "no",
            failed ? "failed" : "ok");
+    if (o->latency) {
+        qsort(samples, n_samples, sizeof(*samples), compare_double);
+        double median = n_samples ? samples[n_samples / 2] : 0;
+        double p99 = n_samples ? samples[(size_t)((double)(n_samples - 1) * 0.99)] : 0;
+        printf("latency: median %.2f us, 99th percentile %.2f us, %zu requests\n", median,
+               p99, n_samples);
+        printf("LATENCY operation=%s transport=%s block_size=%zu median_us=%.3f p99_us=%.3f "
+               "samples=%zu\n", o->write ? "write" : "read", ctxs[0].transport[0] ?
+               ctxs[0].transport : "?", o->block_size, median, p99, n_samples);
+    }
+    free(samples);
     fflush(stdout);
     pthread_barrier_destroy(&start);
     free(ctxs);
@@ -491,9 +551,23 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
     return found ? 0 : -1;
 }
 
+/* ---- --metadata-ops: control-plane latency, in ferry_bench_metadata.c ---- */
+int ferry_bench_metadata_main(int argc, char **argv);
+
+static int wants_metadata_ops(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--metadata-ops") == 0)
+            return 1;
+    return 0;
+}
+/* ---- end of --metadata-ops ---- */
+
 int main(int argc, char **argv)
 {
     options_t o;
+    if (wants_metadata_ops(argc, argv))
+        return ferry_bench_metadata_main(argc, argv);
     if (parse_options(argc, argv, &o) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);

@@ -12,9 +12,10 @@
  *   HELLO      initiator -> target, once per connection
  *              magic u32 "FTCP" | version u16 | flags u16 | expected_generation u64 |
  *              rpc_len u16 | rpc bytes (the initiator's RPC host:port, <= 255)
- *   HELLO_ACK  target -> initiator; after a non-zero status the target closes
+ *   HELLO_ACK  target -> initiator; status 0, FERRY_ERR_STALE (generation
+ *              differs) or FERRY_ERR_UNSUPPORTED (version), then the target closes
  *              magic u32 | version u16 | flags u16 | status i32 | reserved u32 |
- *              generation u64 | max_slice u64
+ *              generation u64 | max_slice u64 (the largest request it accepts)
  *   REQUEST    op u8 (1 WRITE, 2 READ) | pad u8[3] | reserved u32 | id u64 |
  *              addr u64 | length u64; a WRITE is followed by length bytes
  *   RESPONSE   id u64 | status i32 | pad u32; a READ with status 0 is
@@ -32,7 +33,7 @@
 
 #define FERRY_TCP_MAGIC 0x46544350u /* "FTCP" */
 #define FERRY_TCP_VERSION 1
-#define FERRY_TCP_HELLO_SIZE 18     /* without the rpc bytes */
+#define FERRY_TCP_HELLO_SIZE 18 /* without the rpc bytes */
 #define FERRY_TCP_HELLO_RPC_MAX 255
 #define FERRY_TCP_ACK_SIZE 32
 #define FERRY_TCP_REQUEST_SIZE 32
@@ -66,9 +67,14 @@ typedef struct ferry_tcp_settings {
 typedef struct ferry_tcp ferry_tcp_t;
 typedef struct ferry_tcp_peer ferry_tcp_peer_t;
 
+typedef struct ferry_tcp_acked {
+    ferry_slice_t *slice;
+    ferry_status_t status;
+} ferry_tcp_acked_t;
+
 /*
- * One initiator socket.  `lock` protects queue_*, inflight_*, send_seq,
- * recv_seq, dead, fail_status and threads_left; the sender sleeps on
+ * One initiator socket.  `lock` protects queue_*, inflight_*, the *_seq
+ * counters, acked, dead, fail_status and threads_left; the sender sleeps on
  * `wakeup`.  A slice sits in exactly one list (linked by slice->next) or is
  * held by the receiver while its READ data arrive.  No slice of a dead
  * connection is finished while a thread could still touch its buffer: the
@@ -79,7 +85,7 @@ typedef struct ferry_tcp_conn {
     int fd;
     unsigned index;
     pthread_t sender, receiver;
-    int threads_started; /* 0..2, written before READY, then immutable */
+    int threads_started; /* bits: 1 sender, 2 receiver; set before READY, cleared by the join */
 
     pthread_mutex_t lock;
     pthread_cond_t wakeup;
@@ -87,6 +93,11 @@ typedef struct ferry_tcp_conn {
     ferry_slice_t *inflight_head, *inflight_tail;
     uint64_t send_seq; /* id of the next request written */
     uint64_t recv_seq; /* id the next response must carry */
+    uint64_t sent_seq; /* ids below it have left sendmsg */
+    /* WRITEs answered before their sendmsg returned (ids >= sent_seq, so
+     * all from the batch being sent); the sender finishes them. */
+    unsigned n_acked;
+    ferry_tcp_acked_t acked[FERRY_TCP_SEND_BATCH];
     int dead;
     ferry_status_t fail_status;
     int threads_left;
@@ -99,8 +110,8 @@ typedef struct ferry_tcp_conn {
 typedef enum ferry_tcp_peer_state {
     FERRY_TCP_PEER_CONNECTING, /* the creating submit is connecting; others wait */
     FERRY_TCP_PEER_READY,
-    FERRY_TCP_PEER_FAILED,     /* the next submit says so once and replaces it */
-    FERRY_TCP_PEER_GONE,       /* out of the table (connect failed, forgotten, replaced) */
+    FERRY_TCP_PEER_FAILED, /* the next submit says so once and replaces it */
+    FERRY_TCP_PEER_GONE,   /* out of the table (connect failed, forgotten, replaced) */
 } ferry_tcp_peer_state_t;
 
 /*
@@ -210,6 +221,42 @@ static inline uint64_t ferry_tcp_get64(const unsigned char *p)
     uint64_t v;
     memcpy(&v, p, sizeof(v));
     return be64toh(v);
+}
+
+/* ---- the messages ---- */
+
+static inline size_t ferry_tcp_encode_hello(unsigned char *p, uint64_t expected_generation,
+                                            const char *rpc, size_t rpc_len)
+{
+    ferry_tcp_put32(p, FERRY_TCP_MAGIC);
+    ferry_tcp_put16(p + 4, FERRY_TCP_VERSION);
+    ferry_tcp_put16(p + 6, 0);
+    ferry_tcp_put64(p + 8, expected_generation);
+    ferry_tcp_put16(p + 16, (uint16_t)rpc_len);
+    memcpy(p + FERRY_TCP_HELLO_SIZE, rpc, rpc_len);
+    return FERRY_TCP_HELLO_SIZE + rpc_len;
+}
+
+static inline void ferry_tcp_encode_ack(unsigned char *p, ferry_status_t status,
+                                        uint64_t generation, uint64_t max_slice)
+{
+    ferry_tcp_put32(p, FERRY_TCP_MAGIC);
+    ferry_tcp_put16(p + 4, FERRY_TCP_VERSION);
+    ferry_tcp_put16(p + 6, 0);
+    ferry_tcp_put32(p + 8, (uint32_t)(int32_t)status);
+    ferry_tcp_put32(p + 12, 0);
+    ferry_tcp_put64(p + 16, generation);
+    ferry_tcp_put64(p + 24, max_slice);
+}
+
+static inline void ferry_tcp_encode_request(unsigned char *p, unsigned op, uint64_t id,
+                                            uint64_t addr, uint64_t length)
+{
+    memset(p, 0, 8);
+    p[0] = (unsigned char)op;
+    ferry_tcp_put64(p + 8, id);
+    ferry_tcp_put64(p + 16, addr);
+    ferry_tcp_put64(p + 24, length);
 }
 
 static inline void ferry_tcp_encode_response(unsigned char *p, uint64_t id, int32_t status)

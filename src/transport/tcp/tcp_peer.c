@@ -6,8 +6,8 @@
  * receiver thread matches responses against the in-flight FIFO and finishes
  * slices.  When any connection of a peer breaks, the whole peer fails: every
  * socket is shut down, both threads of each connection leave, and the last
- * to leave finishes what is still queued or in flight, so no buffer is
- * handed back to the engine while a thread could still touch it.
+ * to leave finishes what is still queued or in flight, so no buffer goes
+ * back to the engine while a thread could still touch it.
  */
 #include "tcp.h"
 
@@ -24,29 +24,29 @@
 
 /* ---------------- the peer table (tcp->lock) ---------------- */
 
-static size_t bucket_of(const char *endpoint, uint64_t generation)
-{
-    uint64_t hash = 1469598103934665603ull ^ generation;
-    for (const unsigned char *p = (const unsigned char *)endpoint; *p; p++)
-        hash = (hash ^ *p) * 1099511628211ull;
-    return (size_t)(hash % FERRY_TCP_PEER_BUCKETS);
-}
-
 static ferry_tcp_peer_t **table_slot(ferry_tcp_t *tcp, const char *endpoint, uint64_t generation)
 {
-    ferry_tcp_peer_t **pp = &tcp->buckets[bucket_of(endpoint, generation)];
+    uint64_t hash = 1469598103934665603ull ^ generation; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)endpoint; *p; p++)
+        hash = (hash ^ *p) * 1099511628211ull;
+    ferry_tcp_peer_t **pp = &tcp->buckets[hash % FERRY_TCP_PEER_BUCKETS];
     while (*pp != NULL &&
            ((*pp)->generation != generation || strcmp((*pp)->endpoint, endpoint) != 0))
         pp = &(*pp)->next;
     return pp;
 }
 
-static void table_remove(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer)
+/* Out of the table (if still there) and into the graveyard, whose threads
+ * are joined once they have left. */
+static void peer_retire_locked(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer)
 {
     ferry_tcp_peer_t **pp = table_slot(tcp, peer->endpoint, peer->generation);
-    if (*pp == peer)
-        *pp = peer->next;
-    peer->next = NULL;
+    if (*pp != peer)
+        return;
+    *pp = peer->next;
+    peer->state = FERRY_TCP_PEER_GONE;
+    peer->next = tcp->graveyard;
+    tcp->graveyard = peer;
 }
 
 static ferry_tcp_peer_t *peer_new(ferry_tcp_t *tcp, const ferry_peer_t *desc)
@@ -94,8 +94,8 @@ static void peer_unref(ferry_tcp_peer_t *peer)
     free(peer);
 }
 
-/* Stop every connection of the peer: no more queueing, threads wake up
- * (the sender from its condvar, both from any socket call) and leave. */
+/* No more queueing; the threads wake up (the sender from its condvar, both
+ * from any socket call) and leave.  The first status set wins. */
 static void peer_shutdown(ferry_tcp_peer_t *peer, ferry_status_t status)
 {
     for (unsigned i = 0; i < peer->n_conns; i++) {
@@ -116,10 +116,17 @@ static void peer_fail(ferry_tcp_peer_t *peer, ferry_status_t why, const char *wh
 {
     ferry_tcp_t *tcp = peer->tcp;
     if (atomic_exchange(&peer->failing, 1) == 0) {
-        ferry_warn("tcp: peer %s (generation %016llx) failed while %s: %s; failing its "
-                   "outstanding slices",
-                   peer->endpoint, (unsigned long long)peer->generation, what,
-                   ferry_status_string(why));
+        size_t outstanding = 0;
+        for (unsigned i = 0; i < peer->n_conns; i++)
+            outstanding += atomic_load(&peer->conns[i].outstanding);
+        if (outstanding > 0)
+            ferry_warn("tcp: peer %s (generation %016llx) failed while %s: %s; failing %zu "
+                       "outstanding bytes",
+                       peer->endpoint, (unsigned long long)peer->generation, what,
+                       ferry_status_string(why), outstanding);
+        else /* an idle peer that went away, e.g. its engine was destroyed */
+            ferry_debug("tcp: idle peer %s (generation %016llx) closed: %s", peer->endpoint,
+                        (unsigned long long)peer->generation, ferry_status_string(why));
         pthread_mutex_lock(&tcp->lock);
         if (peer->state == FERRY_TCP_PEER_READY)
             peer->state = FERRY_TCP_PEER_FAILED;
@@ -140,7 +147,7 @@ static void peer_join(ferry_tcp_peer_t *peer)
     }
 }
 
-/* ---------------- connection threads ---------------- */
+/* ---------------- finishing slices ---------------- */
 
 static void finish(ferry_tcp_conn_t *conn, ferry_slice_t *slice, ferry_status_t status)
 {
@@ -148,12 +155,29 @@ static void finish(ferry_tcp_conn_t *conn, ferry_slice_t *slice, ferry_status_t 
     conn->peer->tcp->svc.slice_done(slice, status);
 }
 
-/* Called with conn->lock held, by a thread that will touch no slice again;
- * returns with the lock released. */
+/* WRITEs the target acknowledged while sendmsg still held their buffers.
+ * The kernel no longer reads them, but sanitizers check the iovecs after
+ * the call returns, so they are finished only then.  Lock held. */
+static void finish_acked(ferry_tcp_conn_t *conn)
+{
+    while (conn->n_acked > 0) {
+        ferry_tcp_acked_t acked[FERRY_TCP_SEND_BATCH];
+        unsigned n = conn->n_acked;
+        memcpy(acked, conn->acked, n * sizeof(acked[0]));
+        conn->n_acked = 0;
+        pthread_mutex_unlock(&conn->lock);
+        for (unsigned i = 0; i < n; i++)
+            finish(conn, acked[i].slice, acked[i].status);
+        pthread_mutex_lock(&conn->lock);
+    }
+}
+
+/* By a thread of a dead connection that will touch no slice again, lock
+ * held; returns with it released. */
 static void conn_leave(ferry_tcp_conn_t *conn)
 {
-    ferry_tcp_peer_t *peer = conn->peer;
     ferry_slice_t *left = NULL;
+    finish_acked(conn);
     if (--conn->threads_left == 0) {
         /* queued slices were never sent; in-flight ones are lost with the socket */
         if (conn->inflight_tail != NULL) {
@@ -173,35 +197,35 @@ static void conn_leave(ferry_tcp_conn_t *conn)
         finish(conn, left, status);
         left = next;
     }
-    atomic_fetch_sub(&peer->threads_running, 1);
+    atomic_fetch_sub(&conn->peer->threads_running, 1);
 }
 
-/* A socket call came back empty after one tick (TIMEOUT/4): give up only
- * when requests are outstanding and neither thread moved a byte for
- * TIMEOUT.  Ticks keep the bound near TIMEOUT; a kernel timeout alone
- * restarts with every partial transfer and could stretch it to twice that. */
-static int conn_stalled(ferry_tcp_conn_t *conn, int at_boundary)
-{
-    if (at_boundary) {
-        pthread_mutex_lock(&conn->lock);
-        int idle = conn->inflight_head == NULL;
-        pthread_mutex_unlock(&conn->lock);
-        if (idle)
-            return 0;
-    }
-    uint64_t quiet = ferry_time_ms() - atomic_load(&conn->last_activity_ms);
-    return quiet >= conn->peer->tcp->settings.timeout_ms;
-}
+/* ---------------- socket I/O with stall detection ---------------- */
 
-static ferry_status_t conn_io_error(ferry_tcp_conn_t *conn, ssize_t rc, int at_boundary)
+/*
+ * Socket calls wait one tick (TIMEOUT/8) at most.  After an empty one, give
+ * up only when requests are outstanding and neither thread moved a byte for
+ * TIMEOUT.  A call that made progress returns only when its tick ends, so
+ * the failure comes at most two ticks late; with the kernel timeout set to
+ * TIMEOUT itself it could come twice as late.
+ */
+static ferry_status_t conn_wait_result(ferry_tcp_conn_t *conn, ssize_t rc, int at_boundary)
 {
     if (rc == 0)
         return FERRY_ERR_PEER_FAILED;
     if (errno == EINTR)
         return FERRY_OK;
-    if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return conn_stalled(conn, at_boundary) ? FERRY_ERR_TIMEOUT : FERRY_OK;
-    return FERRY_ERR_PEER_FAILED;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return FERRY_ERR_PEER_FAILED;
+    if (at_boundary) {
+        pthread_mutex_lock(&conn->lock);
+        int idle = conn->inflight_head == NULL;
+        pthread_mutex_unlock(&conn->lock);
+        if (idle)
+            return FERRY_OK; /* an idle connection waits for ever */
+    }
+    uint64_t quiet = ferry_time_ms() - atomic_load(&conn->last_activity_ms);
+    return quiet >= conn->peer->tcp->settings.timeout_ms ? FERRY_ERR_TIMEOUT : FERRY_OK;
 }
 
 static ferry_status_t conn_send(ferry_tcp_conn_t *conn, struct iovec *iov, int iovcnt)
@@ -210,7 +234,7 @@ static ferry_status_t conn_send(ferry_tcp_conn_t *conn, struct iovec *iov, int i
     while (msg.msg_iovlen > 0) {
         ssize_t sent = sendmsg(conn->fd, &msg, MSG_NOSIGNAL);
         if (sent <= 0) {
-            ferry_status_t status = conn_io_error(conn, sent, 0);
+            ferry_status_t status = conn_wait_result(conn, sent, 0);
             if (status != FERRY_OK)
                 return status;
             continue;
@@ -230,50 +254,28 @@ static ferry_status_t conn_send(ferry_tcp_conn_t *conn, struct iovec *iov, int i
     return FERRY_OK;
 }
 
-static ferry_status_t conn_recv(ferry_tcp_conn_t *conn, void *buf, size_t len)
+/* At least `min` bytes into buf (up to len).  MSG_WAITALL when exactly
+ * len is wanted: one call for a whole READ payload. */
+static ferry_status_t conn_recv(ferry_tcp_conn_t *conn, unsigned char *buf, size_t min, size_t len,
+                                size_t *got_p, int at_boundary)
 {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t got = recv(conn->fd, p, len, MSG_WAITALL);
-        if (got <= 0) {
-            ferry_status_t status = conn_io_error(conn, got, 0);
+    size_t got = 0;
+    while (got < min) {
+        ssize_t rc = recv(conn->fd, buf + got, len - got, min == len ? MSG_WAITALL : 0);
+        if (rc <= 0) {
+            ferry_status_t status = conn_wait_result(conn, rc, at_boundary && got == 0);
             if (status != FERRY_OK)
                 return status;
             continue;
         }
         atomic_store(&conn->last_activity_ms, ferry_time_ms());
-        p += got;
-        len -= (size_t)got;
+        got += (size_t)rc;
     }
+    *got_p = got;
     return FERRY_OK;
 }
 
-typedef struct rx_buffer {
-    size_t pos, len;
-    unsigned char data[RX_BUFFER];
-} rx_buffer_t;
-
-/* At least `need` bytes in rx; an idle connection waits for ever. */
-static ferry_status_t rx_fill(ferry_tcp_conn_t *conn, rx_buffer_t *rx, size_t need)
-{
-    if (rx->len - rx->pos >= need)
-        return FERRY_OK;
-    memmove(rx->data, rx->data + rx->pos, rx->len - rx->pos);
-    rx->len -= rx->pos;
-    rx->pos = 0;
-    while (rx->len < need) {
-        ssize_t got = recv(conn->fd, rx->data + rx->len, sizeof(rx->data) - rx->len, 0);
-        if (got <= 0) {
-            ferry_status_t status = conn_io_error(conn, got, rx->len == 0);
-            if (status != FERRY_OK)
-                return status;
-            continue;
-        }
-        rx->len += (size_t)got;
-        atomic_store(&conn->last_activity_ms, ferry_time_ms());
-    }
-    return FERRY_OK;
-}
+/* ---------------- the connection threads ---------------- */
 
 static void *sender_main(void *arg)
 {
@@ -287,9 +289,9 @@ static void *sender_main(void *arg)
             pthread_cond_wait(&conn->wakeup, &conn->lock);
         if (conn->dead)
             break;
-        /* In flight before written: the response may beat the sender's return.
-         * The quiet-time clock starts now, under the lock the receiver's
-         * stall check takes, so an old timestamp never meets a new slice. */
+        /* In flight before written: the response may beat our return.  The
+         * quiet-time clock restarts under the lock the receiver's stall
+         * check takes, so an old timestamp never meets a new slice. */
         atomic_store(&conn->last_activity_ms, ferry_time_ms());
         int n = 0, iovcnt = 0;
         size_t bytes = 0;
@@ -306,14 +308,10 @@ static void *sender_main(void *arg)
                 conn->inflight_head = slice;
             conn->inflight_tail = slice;
 
-            unsigned char *h = headers[n++];
             int write = slice->opcode == FERRY_OP_WRITE;
-            memset(h, 0, FERRY_TCP_REQUEST_SIZE);
-            h[0] = write ? FERRY_TCP_OP_WRITE : FERRY_TCP_OP_READ;
-            ferry_tcp_put64(h + 8, conn->send_seq++);
-            ferry_tcp_put64(h + 16, slice->remote_addr);
-            ferry_tcp_put64(h + 24, slice->length);
-            iov[iovcnt++] = (struct iovec){h, FERRY_TCP_REQUEST_SIZE};
+            ferry_tcp_encode_request(headers[n], write ? FERRY_TCP_OP_WRITE : FERRY_TCP_OP_READ,
+                                     conn->send_seq++, slice->remote_addr, slice->length);
+            iov[iovcnt++] = (struct iovec){headers[n++], FERRY_TCP_REQUEST_SIZE};
             if (write) {
                 iov[iovcnt++] = (struct iovec){slice->local, slice->length};
                 bytes += slice->length;
@@ -324,6 +322,8 @@ static void *sender_main(void *arg)
         ferry_status_t status = conn_send(conn, iov, iovcnt);
 
         pthread_mutex_lock(&conn->lock);
+        conn->sent_seq = conn->send_seq;
+        finish_acked(conn);
         if (status != FERRY_OK) {
             int ours = !conn->dead; /* else our own shutdown() broke the send */
             pthread_mutex_unlock(&conn->lock);
@@ -347,26 +347,31 @@ static ferry_status_t map_remote_status(int32_t status)
     case FERRY_ERR_STALE:
     case FERRY_ERR_NO_MEMORY:
     case FERRY_ERR_NO_RESOURCE:
-    case FERRY_ERR_IO:
-        return (ferry_status_t)status;
-    default:
-        return FERRY_ERR_REMOTE_REFUSED;
+    case FERRY_ERR_IO: return (ferry_status_t)status;
+    default: return FERRY_ERR_REMOTE_REFUSED;
     }
 }
 
-static void *receiver_main(void *arg)
-{
-    ferry_tcp_conn_t *conn = arg;
-    rx_buffer_t *rx = malloc(sizeof(*rx));
-    ferry_status_t status = rx ? FERRY_OK : FERRY_ERR_NO_MEMORY;
-    const char *what = "receiving";
-    if (rx != NULL)
-        rx->pos = rx->len = 0;
+typedef struct rx_buffer {
+    size_t pos, len;
+    unsigned char data[RX_BUFFER];
+} rx_buffer_t;
 
-    while (status == FERRY_OK) {
-        status = rx_fill(conn, rx, FERRY_TCP_RESPONSE_SIZE);
-        if (status != FERRY_OK)
-            break;
+/* Until an error; *held_p: a READ slice taken off the FIFO whose data did
+ * not all arrive (only this thread knows it). */
+static ferry_status_t receive(ferry_tcp_conn_t *conn, rx_buffer_t *rx, ferry_slice_t **held_p)
+{
+    for (;;) {
+        if (rx->len - rx->pos < FERRY_TCP_RESPONSE_SIZE) {
+            size_t have = rx->len - rx->pos, got;
+            memmove(rx->data, rx->data + rx->pos, have);
+            rx->pos = 0;
+            ferry_status_t status = conn_recv(conn, rx->data + have, FERRY_TCP_RESPONSE_SIZE - have,
+                                              sizeof(rx->data) - have, &got, have == 0);
+            rx->len = have + (status == FERRY_OK ? got : 0);
+            if (status != FERRY_OK)
+                return status;
+        }
         const unsigned char *r = rx->data + rx->pos;
         uint64_t id = ferry_tcp_get64(r);
         int32_t wire_status = (int32_t)ferry_tcp_get32(r + 8);
@@ -379,69 +384,89 @@ static void *receiver_main(void *arg)
             ferry_warn("tcp: peer %s answered request %llu with status %d, expected %s%llu",
                        conn->peer->endpoint, (unsigned long long)id, (int)wire_status,
                        slice ? "request " : "nothing; ", (unsigned long long)conn->recv_seq);
-            status = FERRY_ERR_PROTOCOL;
-            what = "matching a response";
-            break;
+            return FERRY_ERR_PROTOCOL;
         }
         conn->inflight_head = slice->next;
         if (conn->inflight_head == NULL)
             conn->inflight_tail = NULL;
         conn->recv_seq++;
-        pthread_mutex_unlock(&conn->lock);
         slice->next = NULL;
+        ferry_status_t status = map_remote_status(wire_status);
+        if (slice->opcode == FERRY_OP_WRITE && id >= conn->sent_seq) {
+            conn->acked[conn->n_acked++] = (ferry_tcp_acked_t){slice, status};
+            pthread_mutex_unlock(&conn->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&conn->lock);
 
-        if (slice->opcode == FERRY_OP_READ && wire_status == FERRY_OK) {
-            /* Straight into the caller's buffer, but for what the last
-             * recv already brought into rx. */
-            size_t copied = FERRY_MIN(rx->len - rx->pos, slice->length);
+        if (slice->opcode == FERRY_OP_READ && status == FERRY_OK) {
+            /* straight into the caller's buffer, but for what rx already holds */
+            size_t copied = FERRY_MIN(rx->len - rx->pos, slice->length), got;
             memcpy(slice->local, rx->data + rx->pos, copied);
             rx->pos += copied;
-            if (copied < slice->length)
-                status = conn_recv(conn, (char *)slice->local + copied, slice->length - copied);
-            if (status != FERRY_OK) {
-                /* This slice is ours alone now: fail it after the peer. */
-                peer_fail(conn->peer, status, "receiving READ data");
-                pthread_mutex_lock(&conn->lock);
-                ferry_status_t fail_status = conn->fail_status;
-                pthread_mutex_unlock(&conn->lock);
-                finish(conn, slice, fail_status);
-                what = NULL;
-                break;
+            size_t rest = slice->length - copied;
+            ferry_status_t data_status =
+                rest ? conn_recv(conn, (unsigned char *)slice->local + copied, rest, rest, &got, 0)
+                     : FERRY_OK;
+            if (data_status != FERRY_OK) {
+                *held_p = slice;
+                return data_status;
             }
         }
-        finish(conn, slice, map_remote_status(wire_status));
+        finish(conn, slice, status);
     }
-    free(rx);
+}
 
+static void *receiver_main(void *arg)
+{
+    ferry_tcp_conn_t *conn = arg;
+    ferry_slice_t *held = NULL;
+    rx_buffer_t *rx = malloc(sizeof(*rx));
+    ferry_status_t status = FERRY_ERR_NO_MEMORY;
+    if (rx != NULL) {
+        rx->pos = rx->len = 0;
+        status = receive(conn, rx, &held);
+        free(rx);
+    }
     pthread_mutex_lock(&conn->lock);
     int ours = !conn->dead; /* else peer_forget or another connection's failure */
     pthread_mutex_unlock(&conn->lock);
-    if (ours && what != NULL)
-        peer_fail(conn->peer, status, what);
+    if (ours)
+        peer_fail(conn->peer, status, "receiving");
     pthread_mutex_lock(&conn->lock);
+    if (held != NULL) {
+        ferry_status_t fail_status = conn->fail_status;
+        pthread_mutex_unlock(&conn->lock);
+        finish(conn, held, fail_status);
+        pthread_mutex_lock(&conn->lock);
+    }
     conn_leave(conn);
     return NULL;
 }
 
 /* ---------------- connecting ---------------- */
 
-static ferry_status_t hello(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer, int fd)
+/* Connect, HELLO, HELLO_ACK. */
+static ferry_status_t conn_open(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer, ferry_tcp_conn_t *conn)
 {
+    ferry_status_t status =
+        ferry_net_connect(peer->endpoint, tcp->settings.connect_timeout_ms, &conn->fd);
+    if (status != FERRY_OK) {
+        ferry_warn("tcp: cannot connect to %s: %s", peer->endpoint, ferry_status_string(status));
+        return FERRY_ERR_CONNECT;
+    }
+    ferry_tcp_tune_socket(tcp, conn->fd);
+    ferry_net_set_timeout(conn->fd, tcp->settings.connect_timeout_ms);
     const char *rpc = tcp->svc.rpc_endpoint ? tcp->svc.rpc_endpoint : "";
     size_t rpc_len = strlen(rpc);
     if (rpc_len > FERRY_TCP_HELLO_RPC_MAX)
-        rpc_len = 0; /* a cut endpoint would be wrong; none just means no notifications */
-    unsigned char msg[FERRY_TCP_HELLO_SIZE + FERRY_TCP_HELLO_RPC_MAX];
-    ferry_tcp_put32(msg, FERRY_TCP_MAGIC);
-    ferry_tcp_put16(msg + 4, FERRY_TCP_VERSION);
-    ferry_tcp_put16(msg + 6, 0);
-    ferry_tcp_put64(msg + 8, peer->generation);
-    ferry_tcp_put16(msg + 16, (uint16_t)rpc_len);
-    memcpy(msg + FERRY_TCP_HELLO_SIZE, rpc, rpc_len);
-    ferry_status_t status = ferry_net_send_all(fd, msg, FERRY_TCP_HELLO_SIZE + rpc_len);
+        rpc_len = 0; /* a cut endpoint would be wrong; none only means no notifications */
+    unsigned char hello[FERRY_TCP_HELLO_SIZE + FERRY_TCP_HELLO_RPC_MAX];
     unsigned char ack[FERRY_TCP_ACK_SIZE];
+    size_t hello_len = ferry_tcp_encode_hello(hello, peer->generation, rpc, rpc_len);
+    status = ferry_net_send_all(conn->fd, hello, hello_len);
     if (status == FERRY_OK)
-        status = ferry_net_recv_all(fd, ack, sizeof(ack));
+        status = ferry_net_recv_all(conn->fd, ack, sizeof(ack));
     if (status != FERRY_OK) {
         ferry_warn("tcp: HELLO exchange with %s failed: %s", peer->endpoint,
                    ferry_status_string(status));
@@ -467,82 +492,70 @@ static ferry_status_t hello(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer, int fd)
     uint64_t max_slice = ferry_tcp_get64(ack + 24);
     if (peer->max_slice == 0 || max_slice < peer->max_slice)
         peer->max_slice = max_slice;
+    unsigned timeout = tcp->settings.timeout_ms;
+    ferry_net_set_timeout(conn->fd, timeout ? FERRY_MAX(timeout / 8, 1u) : 0); /* one tick */
     return FERRY_OK;
 }
 
-static ferry_status_t start_threads(ferry_tcp_peer_t *peer)
+static ferry_status_t conn_start(ferry_tcp_peer_t *peer, ferry_tcp_conn_t *conn)
 {
-    for (unsigned i = 0; i < peer->n_conns; i++) {
-        ferry_tcp_conn_t *conn = &peer->conns[i];
-        atomic_store(&conn->last_activity_ms, ferry_time_ms());
-        conn->threads_left = 2;
-        atomic_fetch_add(&peer->threads_running, 2);
-        if (ferry_tcp_thread_start(&conn->sender, FERRY_TCP_WORKER_STACK, sender_main, conn) ==
-            FERRY_OK)
-            conn->threads_started |= 1;
-        if (ferry_tcp_thread_start(&conn->receiver, FERRY_TCP_WORKER_STACK, receiver_main,
-                                   conn) == FERRY_OK)
-            conn->threads_started |= 2;
-        if (conn->threads_started != 3) {
-            int missing = 2 - (conn->threads_started & 1) - (conn->threads_started >> 1);
-            pthread_mutex_lock(&conn->lock);
-            conn->threads_left -= missing;
-            pthread_mutex_unlock(&conn->lock);
-            atomic_fetch_sub(&peer->threads_running, (unsigned)missing);
-            atomic_store(&peer->failing, 1);
-            peer_shutdown(peer, FERRY_ERR_CANCELED);
-            peer_join(peer);
-            return FERRY_ERR_NO_RESOURCE;
-        }
+    atomic_store(&conn->last_activity_ms, ferry_time_ms());
+    /* counted before they run, so the first to leave never sees zero */
+    conn->threads_left = 2;
+    atomic_fetch_add(&peer->threads_running, 2);
+    ferry_status_t status =
+        ferry_tcp_thread_start(&conn->sender, FERRY_TCP_WORKER_STACK, sender_main, conn);
+    if (status == FERRY_OK) {
+        conn->threads_started = 1;
+        status =
+            ferry_tcp_thread_start(&conn->receiver, FERRY_TCP_WORKER_STACK, receiver_main, conn);
     }
-    return FERRY_OK;
+    if (status == FERRY_OK) {
+        conn->threads_started = 3;
+        return FERRY_OK;
+    }
+    unsigned missing = conn->threads_started ? 1 : 2;
+    pthread_mutex_lock(&conn->lock);
+    conn->threads_left -= (int)missing;
+    pthread_mutex_unlock(&conn->lock);
+    atomic_fetch_sub(&peer->threads_running, missing);
+    return status;
 }
 
 /* Open every connection of a CONNECTING peer; no lock held. */
 static ferry_status_t peer_connect(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer)
 {
     ferry_status_t status = FERRY_OK;
-    for (unsigned i = 0; i < peer->n_conns && status == FERRY_OK; i++) {
-        int fd;
-        status = ferry_net_connect(peer->endpoint, tcp->settings.connect_timeout_ms, &fd);
-        if (status != FERRY_OK) {
-            ferry_warn("tcp: cannot connect to %s: %s", peer->endpoint,
-                       ferry_status_string(status));
-            status = FERRY_ERR_CONNECT;
-            break;
-        }
-        peer->conns[i].fd = fd;
-        ferry_tcp_tune_socket(tcp, fd);
-        ferry_net_set_timeout(fd, tcp->settings.connect_timeout_ms);
-        status = hello(tcp, peer, fd);
-        unsigned timeout = tcp->settings.timeout_ms;
-        ferry_net_set_timeout(fd, timeout ? FERRY_MAX(timeout / 4, 1u) : 0); /* a tick */
+    for (unsigned i = 0; i < peer->n_conns && status == FERRY_OK; i++)
+        status = conn_open(tcp, peer, &peer->conns[i]);
+    for (unsigned i = 0; i < peer->n_conns && status == FERRY_OK; i++)
+        status = conn_start(peer, &peer->conns[i]);
+    if (status == FERRY_OK) {
+        ferry_debug("tcp: connected to %s (generation %016llx) with %u sockets", peer->endpoint,
+                    (unsigned long long)peer->generation, peer->n_conns);
+        return FERRY_OK;
     }
-    if (status == FERRY_OK)
-        status = start_threads(peer);
-    if (status != FERRY_OK) {
-        for (unsigned i = 0; i < peer->n_conns; i++) {
-            if (peer->conns[i].fd >= 0)
-                close(peer->conns[i].fd);
-            peer->conns[i].fd = -1;
-        }
-        return status;
+    atomic_store(&peer->failing, 1); /* reported already */
+    peer_shutdown(peer, FERRY_ERR_CANCELED);
+    peer_join(peer);
+    for (unsigned i = 0; i < peer->n_conns; i++) {
+        if (peer->conns[i].fd >= 0)
+            close(peer->conns[i].fd);
+        peer->conns[i].fd = -1;
     }
-    ferry_debug("tcp: connected to %s (generation %016llx) with %u sockets", peer->endpoint,
-                (unsigned long long)peer->generation, peer->n_conns);
-    return FERRY_OK;
+    return status;
 }
 
 /* ---------------- the peer life cycle ---------------- */
 
 /* Graveyard peers whose threads have all left: join (immediate) and free. */
-static void reap_graveyard(ferry_tcp_t *tcp)
+static void reap_graveyard(ferry_tcp_t *tcp, int all)
 {
     ferry_tcp_peer_t *done = NULL;
     pthread_mutex_lock(&tcp->lock);
     for (ferry_tcp_peer_t **pp = &tcp->graveyard; *pp != NULL;) {
         ferry_tcp_peer_t *peer = *pp;
-        if (atomic_load(&peer->threads_running) == 0) {
+        if (all || atomic_load(&peer->threads_running) == 0) {
             *pp = peer->next;
             peer->next = done;
             done = peer;
@@ -564,16 +577,14 @@ static ferry_status_t peer_get(ferry_tcp_t *tcp, const ferry_peer_t *desc,
                                ferry_tcp_peer_t **peer_p)
 {
     pthread_mutex_lock(&tcp->lock);
+    ferry_status_t status = FERRY_OK;
     int reap = tcp->graveyard != NULL;
     ferry_tcp_peer_t **slot = table_slot(tcp, desc->endpoint, desc->generation);
     ferry_tcp_peer_t *peer = *slot;
     if (peer != NULL && peer->state == FERRY_TCP_PEER_FAILED) {
-        /* Say so once, so the engine refreshes and retries; that retry
-         * (or the next submit) connects afresh. */
-        *slot = peer->next;
-        peer->state = FERRY_TCP_PEER_GONE;
-        peer->next = tcp->graveyard;
-        tcp->graveyard = peer;
+        /* Said once, so the engine refreshes and retries; that retry (or
+         * the next submit) connects afresh. */
+        peer_retire_locked(tcp, peer);
         pthread_mutex_unlock(&tcp->lock);
         return FERRY_ERR_PEER_FAILED;
     }
@@ -581,46 +592,38 @@ static ferry_status_t peer_get(ferry_tcp_t *tcp, const ferry_peer_t *desc,
         atomic_fetch_add(&peer->refs, 1);
         while (peer->state == FERRY_TCP_PEER_CONNECTING)
             pthread_cond_wait(&tcp->settled, &tcp->lock);
-        ferry_status_t status = peer->state == FERRY_TCP_PEER_READY ? FERRY_OK
-                                : peer->state == FERRY_TCP_PEER_FAILED
-                                    ? FERRY_ERR_PEER_FAILED
-                                    : peer->connect_status;
+        if (peer->state == FERRY_TCP_PEER_FAILED)
+            status = FERRY_ERR_PEER_FAILED;
+        else if (peer->state == FERRY_TCP_PEER_GONE)
+            status = peer->connect_status;
         pthread_mutex_unlock(&tcp->lock);
-        if (reap)
-            reap_graveyard(tcp);
-        if (status != FERRY_OK) {
-            peer_unref(peer);
-            return status;
-        }
-        *peer_p = peer;
-        return FERRY_OK;
-    }
-
-    peer = peer_new(tcp, desc);
-    if (peer == NULL) {
-        pthread_mutex_unlock(&tcp->lock);
-        return FERRY_ERR_NO_MEMORY;
-    }
-    atomic_store(&peer->refs, 2); /* the table's and ours */
-    *slot = peer;
-    pthread_mutex_unlock(&tcp->lock);
-    if (reap)
-        reap_graveyard(tcp);
-
-    ferry_status_t status = peer_connect(tcp, peer);
-    pthread_mutex_lock(&tcp->lock);
-    if (status == FERRY_OK) {
-        /* a connection may already have broken; peer_fail could not mark it then */
-        peer->state = atomic_load(&peer->failing) ? FERRY_TCP_PEER_FAILED : FERRY_TCP_PEER_READY;
     } else {
-        table_remove(tcp, peer);
-        peer->state = FERRY_TCP_PEER_GONE;
-        peer->connect_status = status;
+        if ((peer = peer_new(tcp, desc)) == NULL) {
+            pthread_mutex_unlock(&tcp->lock);
+            return FERRY_ERR_NO_MEMORY;
+        }
+        atomic_store(&peer->refs, 2); /* the table's and ours */
+        *slot = peer;
+        pthread_mutex_unlock(&tcp->lock);
+
+        status = peer_connect(tcp, peer);
+        pthread_mutex_lock(&tcp->lock);
+        if (status == FERRY_OK) {
+            /* a connection may have broken already; peer_fail could not mark it */
+            peer->state =
+                atomic_load(&peer->failing) ? FERRY_TCP_PEER_FAILED : FERRY_TCP_PEER_READY;
+        } else {
+            *table_slot(tcp, peer->endpoint, peer->generation) = peer->next;
+            peer->state = FERRY_TCP_PEER_GONE;
+            peer->connect_status = status;
+            atomic_fetch_sub(&peer->refs, 1); /* the table's; ours is still held */
+        }
+        pthread_cond_broadcast(&tcp->settled);
+        pthread_mutex_unlock(&tcp->lock);
     }
-    pthread_cond_broadcast(&tcp->settled);
-    pthread_mutex_unlock(&tcp->lock);
+    if (reap)
+        reap_graveyard(tcp, 0);
     if (status != FERRY_OK) {
-        peer_unref(peer); /* the table's */
         peer_unref(peer);
         return status;
     }
@@ -652,41 +655,39 @@ ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *desc, ferry_slice
         }
     }
 
-    /* All connections locked at once: either every slice is queued or, if
-     * the peer died meanwhile, none is. */
-    for (unsigned i = 0; i < peer->n_conns; i++)
-        pthread_mutex_lock(&peer->conns[i].lock);
+    /* All connections locked at once: every slice is queued or, if the
+     * peer died meanwhile, none is. */
     int dead = 0;
-    for (unsigned i = 0; i < peer->n_conns; i++)
+    for (unsigned i = 0; i < peer->n_conns; i++) {
+        pthread_mutex_lock(&peer->conns[i].lock);
         dead |= peer->conns[i].dead;
-    uint64_t touched_mask = 0; /* connections to wake (n_conns <= 64) */
-    if (!dead) {
-        ferry_slice_t *next;
-        for (ferry_slice_t *s = slices; s != NULL; s = next) {
-            next = s->next;
-            s->next = NULL;
-            ferry_tcp_conn_t *best = &peer->conns[0];
-            size_t best_bytes = atomic_load(&best->outstanding);
-            for (unsigned i = 1; i < peer->n_conns; i++) {
-                size_t bytes = atomic_load(&peer->conns[i].outstanding);
-                if (bytes < best_bytes) {
-                    best = &peer->conns[i];
-                    best_bytes = bytes;
-                }
-            }
-            atomic_fetch_add(&best->outstanding, s->length);
-            if (best->queue_tail != NULL)
-                best->queue_tail->next = s;
-            else
-                best->queue_head = s;
-            best->queue_tail = s;
-            touched_mask |= 1ull << best->index;
+    }
+    uint64_t wake = 0; /* connections given work (n_conns <= 64) */
+    for (ferry_slice_t *s = slices, *next; s != NULL && !dead; s = next) {
+        next = s->next;
+        s->next = NULL;
+        ferry_tcp_conn_t *best = &peer->conns[0];
+        for (unsigned i = 1; i < peer->n_conns; i++) {
+            if (atomic_load(&peer->conns[i].outstanding) < atomic_load(&best->outstanding))
+                best = &peer->conns[i];
         }
+        atomic_fetch_add(&best->outstanding, s->length);
+        if (best->queue_tail != NULL)
+            best->queue_tail->next = s;
+        else
+            best->queue_head = s;
+        best->queue_tail = s;
+        wake |= 1ull << best->index;
     }
     for (unsigned i = 0; i < peer->n_conns; i++) {
-        if (touched_mask & (1ull << i))
+        if (wake & (1ull << i))
             pthread_cond_signal(&peer->conns[i].wakeup);
         pthread_mutex_unlock(&peer->conns[i].lock);
+    }
+    if (dead) {
+        pthread_mutex_lock(&tcp->lock);
+        peer_retire_locked(tcp, peer); /* this submit was told; the next connects afresh */
+        pthread_mutex_unlock(&tcp->lock);
     }
     peer_unref(peer);
     return dead ? FERRY_ERR_PEER_FAILED : FERRY_OK;
@@ -707,7 +708,7 @@ void ferry_tcp_peer_forget(void *ctx, const ferry_peer_t *desc)
     ferry_tcp_t *tcp = ctx;
     if (desc == NULL || desc->endpoint == NULL)
         return;
-    ferry_tcp_peer_t *peer = NULL;
+    ferry_tcp_peer_t *peer;
     pthread_mutex_lock(&tcp->lock);
     for (;;) {
         ferry_tcp_peer_t **slot = table_slot(tcp, desc->endpoint, desc->generation);
@@ -717,7 +718,7 @@ void ferry_tcp_peer_forget(void *ctx, const ferry_peer_t *desc)
         pthread_cond_wait(&tcp->settled, &tcp->lock); /* then look again */
     }
     if (peer != NULL) {
-        table_remove(tcp, peer);
+        *table_slot(tcp, desc->endpoint, desc->generation) = peer->next;
         peer->state = FERRY_TCP_PEER_GONE;
     }
     pthread_mutex_unlock(&tcp->lock);
@@ -726,7 +727,7 @@ void ferry_tcp_peer_forget(void *ctx, const ferry_peer_t *desc)
                     (unsigned long long)peer->generation);
         peer_stop(peer);
     }
-    reap_graveyard(tcp);
+    reap_graveyard(tcp, 0);
 }
 
 void ferry_tcp_peers_destroy(ferry_tcp_t *tcp)
@@ -747,18 +748,11 @@ void ferry_tcp_peers_destroy(ferry_tcp_t *tcp)
             all = peer;
         }
     }
-    ferry_tcp_peer_t *graveyard = tcp->graveyard;
-    tcp->graveyard = NULL;
     pthread_mutex_unlock(&tcp->lock);
     while (all != NULL) {
         ferry_tcp_peer_t *next = all->next;
         peer_stop(all);
         all = next;
     }
-    while (graveyard != NULL) {
-        ferry_tcp_peer_t *next = graveyard->next;
-        peer_join(graveyard);
-        peer_unref(graveyard);
-        graveyard = next;
-    }
+    reap_graveyard(tcp, 1);
 }

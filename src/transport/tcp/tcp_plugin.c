@@ -114,8 +114,8 @@ static ferry_status_t tcp_create(const ferry_transport_services_t *svc, void **c
     pthread_mutex_init(&tcp->target_lock, NULL);
     pthread_cond_init(&tcp->settled, NULL);
 
-    ferry_status_t status = ferry_settings_read("TCP", tcp_settings,
-                                                FERRY_ARRAY_SIZE(tcp_settings), &tcp->settings);
+    ferry_status_t status =
+        ferry_settings_read("TCP", tcp_settings, FERRY_ARRAY_SIZE(tcp_settings), &tcp->settings);
     if (status != FERRY_OK)
         goto err_free;
     status = check_settings(&tcp->settings);
@@ -168,8 +168,8 @@ static ferry_status_t tcp_address(void *ctx, char **endpoint_p)
 
 /* TCP moves bytes with plain syscalls: no keys, no pinning.  Whether a peer
  * may touch a range is decided per request by access_acquire. */
-static ferry_status_t tcp_mem_register(void *ctx, void *addr, size_t length,
-                                       const char *location, char **key_p, void **memh_p)
+static ferry_status_t tcp_mem_register(void *ctx, void *addr, size_t length, const char *location,
+                                       char **key_p, void **memh_p)
 {
     *key_p = strdup("");
     *memh_p = NULL;

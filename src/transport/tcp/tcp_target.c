@@ -19,6 +19,35 @@
 #include <unistd.h>
 
 #define DRAIN_CHUNK (64u << 10)
+/* Responses to small requests wait while the next header is already here,
+ * then leave in one send: one syscall and one wake-up for many slices.
+ * A request above COALESCE_MAX flushes first, so no response waits long. */
+#define COALESCE_COUNT 64
+#define COALESCE_MAX (256u << 10)
+
+typedef struct pending {
+    unsigned count;
+    unsigned char responses[COALESCE_COUNT][FERRY_TCP_RESPONSE_SIZE];
+} pending_t;
+
+static ferry_status_t flush(int fd, pending_t *out)
+{
+    if (out->count == 0)
+        return FERRY_OK;
+    ferry_status_t status =
+        ferry_net_send_all(fd, out->responses, out->count * (size_t)FERRY_TCP_RESPONSE_SIZE);
+    out->count = 0;
+    return status;
+}
+
+static ferry_status_t respond(int fd, pending_t *out, uint64_t id, ferry_status_t status,
+                              uint64_t length)
+{
+    ferry_tcp_encode_response(out->responses[out->count++], id, status);
+    if (out->count == COALESCE_COUNT || length > COALESCE_MAX)
+        return flush(fd, out);
+    return FERRY_OK;
+}
 
 /* Read exactly len bytes before an absolute deadline: a peer that trickles
  * bytes cannot stretch the HELLO phase the way a per-call timeout allows. */
@@ -52,15 +81,8 @@ static ferry_status_t recv_deadline(int fd, void *buf, size_t len, uint64_t dead
 
 static void send_ack(ferry_tcp_target_conn_t *conn, ferry_status_t status)
 {
-    ferry_tcp_t *tcp = conn->tcp;
     unsigned char ack[FERRY_TCP_ACK_SIZE];
-    ferry_tcp_put32(ack, FERRY_TCP_MAGIC);
-    ferry_tcp_put16(ack + 4, FERRY_TCP_VERSION);
-    ferry_tcp_put16(ack + 6, 0);
-    ferry_tcp_put32(ack + 8, (uint32_t)(int32_t)status);
-    ferry_tcp_put32(ack + 12, 0);
-    ferry_tcp_put64(ack + 16, tcp->svc.generation);
-    ferry_tcp_put64(ack + 24, tcp->settings.max_slice);
+    ferry_tcp_encode_ack(ack, status, conn->tcp->svc.generation, conn->tcp->settings.max_slice);
     (void)ferry_net_send_all(conn->fd, ack, sizeof(ack));
 }
 
@@ -137,21 +159,23 @@ static ferry_status_t drain(int fd, uint64_t length, void **scratch_p)
 }
 
 /* Wait for the next request header.  An idle connection may stay idle
- * forever; once a header started, the socket timeout applies. */
-static ferry_status_t next_header(int fd, unsigned char *hdr)
+ * forever; once a header started, the socket timeout applies.  Pending
+ * responses leave as soon as we would wait. */
+static ferry_status_t next_header(int fd, unsigned char *hdr, pending_t *out)
 {
     for (;;) {
         ssize_t got = recv(fd, hdr, FERRY_TCP_REQUEST_SIZE, MSG_DONTWAIT);
+        int err = got < 0 ? errno : 0;
         if (got == FERRY_TCP_REQUEST_SIZE)
             return FERRY_OK;
+        if (got == 0 || (got < 0 && err != EINTR && err != EAGAIN && err != EWOULDBLOCK))
+            return FERRY_ERR_PEER_FAILED;
+        if (err != EINTR && flush(fd, out) != FERRY_OK)
+            return FERRY_ERR_PEER_FAILED;
         if (got > 0)
             return ferry_net_recv_all(fd, hdr + got, FERRY_TCP_REQUEST_SIZE - (size_t)got);
-        if (got == 0)
-            return FERRY_ERR_PEER_FAILED;
-        if (errno == EINTR)
+        if (err == EINTR)
             continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return FERRY_ERR_PEER_FAILED;
         /* shutdown() by destroy wakes this poll, so no wake pipe is needed */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
@@ -160,7 +184,7 @@ static ferry_status_t next_header(int fd, unsigned char *hdr)
 }
 
 static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned char *hdr,
-                                void **scratch_p)
+                                pending_t *out, void **scratch_p)
 {
     ferry_tcp_t *tcp = conn->tcp;
     unsigned op = hdr[0];
@@ -174,6 +198,12 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
         return FERRY_ERR_PROTOCOL;
     }
 
+    ferry_status_t status = FERRY_OK;
+    if (op == FERRY_TCP_OP_WRITE && length > COALESCE_MAX)
+        status = flush(conn->fd, out); /* not held while a large payload arrives */
+    if (status != FERRY_OK)
+        return status;
+
     void *token = NULL;
     ferry_access_t access = op == FERRY_TCP_OP_WRITE ? FERRY_ACCESS_WRITE : FERRY_ACCESS_READ;
     ferry_status_t granted = FERRY_ERR_OUT_OF_RANGE;
@@ -186,9 +216,6 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
                     op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
                     (unsigned long long)addr, ferry_status_string(granted));
 
-    unsigned char response[FERRY_TCP_RESPONSE_SIZE];
-    ferry_tcp_encode_response(response, id, granted);
-    ferry_status_t status;
     if (op == FERRY_TCP_OP_WRITE) {
         if (granted == FERRY_OK) {
             status = ferry_net_recv_all(conn->fd, (void *)(uintptr_t)addr, (size_t)length);
@@ -197,19 +224,24 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
             status = drain(conn->fd, length, scratch_p);
         }
         if (status == FERRY_OK)
-            status = ferry_net_send_all(conn->fd, response, sizeof(response));
+            status = respond(conn->fd, out, id, granted, length);
     } else if (granted == FERRY_OK) {
-        struct iovec iov[2] = {{response, sizeof(response)},
+        /* pending responses, this one and the data: one sendmsg */
+        ferry_tcp_encode_response(out->responses[out->count++], id, FERRY_OK);
+        struct iovec iov[2] = {{out->responses, out->count * (size_t)FERRY_TCP_RESPONSE_SIZE},
                                {(void *)(uintptr_t)addr, (size_t)length}};
+        out->count = 0;
         status = ferry_net_sendv_all(conn->fd, iov, 2);
         tcp->svc.access_release(tcp->svc.engine, token);
     } else {
-        status = ferry_net_send_all(conn->fd, response, sizeof(response));
+        status = respond(conn->fd, out, id, granted, 0);
     }
-    if (status != FERRY_OK)
-        ferry_warn("tcp: a peer stopped moving data during a %s of %llu bytes: %s; closing",
-                   op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
-                   ferry_status_string(status));
+    if (status == FERRY_ERR_TIMEOUT)
+        ferry_warn("tcp: a peer stopped moving data during a %llu-byte %s; closing",
+                   (unsigned long long)length, op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ");
+    else if (status != FERRY_OK) /* it canceled or died: its own log says why */
+        ferry_info("tcp: a peer closed its connection during a %llu-byte %s",
+                   (unsigned long long)length, op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ");
     return status;
 }
 
@@ -218,18 +250,21 @@ static void *target_conn_main(void *arg)
     ferry_tcp_target_conn_t *conn = arg;
     ferry_tcp_t *tcp = conn->tcp;
     void *scratch = NULL;
-    if (greet(conn) == FERRY_OK) {
+    pending_t *out = malloc(sizeof(*out));
+    if (out != NULL && greet(conn) == FERRY_OK) {
         unsigned char hdr[FERRY_TCP_REQUEST_SIZE];
+        out->count = 0;
         for (;;) {
-            ferry_status_t status = next_header(conn->fd, hdr);
+            ferry_status_t status = next_header(conn->fd, hdr, out);
             if (status != FERRY_OK) {
                 ferry_debug("tcp: connection ended: %s", ferry_status_string(status));
                 break;
             }
-            if (serve_one(conn, hdr, &scratch) != FERRY_OK)
+            if (serve_one(conn, hdr, out, &scratch) != FERRY_OK)
                 break;
         }
     }
+    free(out);
     free(scratch);
     /* The peer sees EOF now; the fd itself is closed by whoever joins us. */
     shutdown(conn->fd, SHUT_RDWR);

@@ -1,0 +1,531 @@
+/*
+ * The UCX transport plugin: two-process transfers over shared memory and
+ * over TCP, keys through the descriptor, failures, unregistration, restarts,
+ * shared memory really used on one host, notifies through UCX.
+ *
+ * Every test sets FERRY_* / UCX_* variables before it starts peers or the
+ * engine: peers inherit the environment, and Criterion runs each test in a
+ * process of its own.
+ */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "peer_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static ferry_engine_h engine;
+static unsigned char *local;
+static size_t local_size = 72 * MIB;
+
+/* Engine and peers use UCX with this UCX_TLS (NULL: UCX's default). */
+static void start(const char *tls, const char *transports)
+{
+    setenv("FERRY_TRANSPORTS", transports, 1);
+    setenv("FERRY_UCX_TIMEOUT", "1000", 1);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+    if (tls != NULL)
+        setenv("UCX_TLS", tls, 1);
+    else
+        unsetenv("UCX_TLS");
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, local_size), 0);
+    memset(local, 1, local_size);
+}
+
+static void stop(void)
+{
+    if (engine)
+        ferry_engine_destroy(engine);
+    engine = NULL;
+    free(local);
+    local = NULL;
+}
+
+TestSuite(ucx, .fini = stop, .timeout = 60);
+
+/* One request in its own batch; checks the transport that served it. */
+static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
+                               uint64_t remote, size_t length, const char *want_transport)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    if (status == FERRY_OK && want_transport != NULL) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
+        cr_assert_eq(xs.transferred, length);
+        cr_assert_str_eq(xs.transport, want_transport, "served by %s", xs.transport);
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
+/* Write then read back sizes 1 B .. 64 MiB at unaligned offsets, bytes
+ * checked on both sides; the local buffer registered or not. */
+static void put_get_sizes(void)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 70 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+
+    static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t length = sizes[i];
+        size_t local_off = 3, remote_off = 5 + i;
+        unsigned seed = 100 + (unsigned)i;
+        test_pattern_fill(local + local_off, length, seed);
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local + local_off, segment,
+                              peer.arena + remote_off, length, "ucx"),
+                     FERRY_OK, "write of %zu bytes", length);
+        cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %u", remote_off, length, seed), "OK",
+                         "bytes written (%zu) differ at the target", length);
+        cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu %u", remote_off, length, seed + 50),
+                         "OK");
+        memset(local + local_off, 0, length);
+        cr_assert_eq(transfer(FERRY_OP_READ, local + local_off, segment,
+                              peer.arena + remote_off, length, "ucx"),
+                     FERRY_OK, "read of %zu bytes", length);
+        cr_assert_eq(test_pattern_check(local + local_off, length, seed + 50), SIZE_MAX,
+                     "bytes read (%zu) differ", length);
+    }
+
+    /* A local buffer that is not registered (no memory handle) works too. */
+    unsigned char *plain = malloc(MIB + 1);
+    cr_assert_not_null(plain);
+    test_pattern_fill(plain, MIB + 1, 7);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, plain, segment, peer.arena + 1, MIB + 1, "ucx"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 1 %zu 7", MIB + 1), "OK");
+    memset(plain, 0, MIB + 1);
+    cr_assert_eq(transfer(FERRY_OP_READ, plain, segment, peer.arena + 1, MIB + 1, "ucx"),
+                 FERRY_OK);
+    cr_assert_eq(test_pattern_check(plain, MIB + 1, 7), SIZE_MAX);
+    free(plain);
+
+    /* Many requests in one batch, interleaved writes and reads. */
+    enum { N = 64 };
+    ferry_request_t reqs[N];
+    ferry_batch_h batch;
+    test_pattern_fill(local, 32 * 4096, 9);
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 10", 32 * MIB, (size_t)32 * 4096), "OK");
+    for (int i = 0; i < N; i++) {
+        int write = i % 2 == 0;
+        size_t k = (size_t)i / 2;
+        reqs[i] = (ferry_request_t){write ? FERRY_OP_WRITE : FERRY_OP_READ,
+                                    write ? local + k * 4096 : local + MIB + k * 4096, segment,
+                                    peer.arena + (write ? 0 : 32 * MIB) + k * 4096, 4096};
+    }
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 9", (size_t)32 * 4096), "OK");
+    cr_assert_eq(test_pattern_check(local + MIB, 32 * 4096, 10), SIZE_MAX);
+
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(ucx, put_get_over_shared_memory_1B_to_64MiB)
+{
+    /* require: the endpoint must use a shared-memory lane, or ucx refuses it */
+    setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
+    start("sm,self", "ucx");
+    put_get_sizes();
+}
+
+Test(ucx, put_get_over_tcp_1B_to_64MiB)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    start("tcp", "ucx");
+    put_get_sizes();
+}
+
+Test(ucx, several_workers_on_both_sides)
+{
+    setenv("FERRY_UCX_WORKERS", "3", 1);
+    start("sm,self", "ucx");
+    peer_process_t peers[2];
+    ferry_segment_h segments[2];
+    for (int p = 0; p < 2; p++) {
+        cr_assert_eq(peer_start(&peers[p], NULL), 0);
+        cr_assert_str_eq(peer_cmd(&peers[p], "reg 0 %zu", 4 * MIB), "OK");
+        cr_assert_eq(ferry_segment_open(engine, peers[p].name, &segments[p]), FERRY_OK);
+    }
+    for (int p = 0; p < 2; p++) {
+        test_pattern_fill(local, 4 * MIB, 20 + (unsigned)p);
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local, segments[p], peers[p].arena, 4 * MIB,
+                              "ucx"),
+                     FERRY_OK);
+        cr_assert_str_eq(peer_cmd(&peers[p], "check 0 %zu %d", 4 * MIB, 20 + p), "OK");
+        ferry_segment_close(engine, segments[p]);
+        peer_stop(&peers[p]);
+    }
+}
+
+/* The key in the descriptor is text (base64 of the packed rkey), the
+ * endpoint carries the worker address, and a transfer works through them. */
+Test(ucx, packed_rkey_survives_the_descriptor_round_trip)
+{
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char *json;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    const char *endpoint = strstr(json, "\"ucx\":\"ucx1:");
+    cr_assert_not_null(endpoint, "no ucx endpoint in %s", json);
+    const char *keys = strstr(json, "\"keys\"");
+    cr_assert_not_null(keys);
+    const char *key = strstr(keys, "\"ucx\":\"");
+    cr_assert_not_null(key, "no ucx key in %s", json);
+    key += 7;
+    size_t len = strcspn(key, "\"");
+    cr_assert_gt(len, 0);
+    cr_assert_eq(len % 4, 0, "a base64 key has a multiple of 4 characters");
+    for (size_t i = 0; i < len; i++)
+        cr_assert(strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=",
+                         key[i]) != NULL, "key character %zu is not base64", i);
+    free(json);
+    test_pattern_fill(local, MIB, 3);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ucx"), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 3", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+struct killer {
+    peer_process_t *victim;
+    int sig;
+    unsigned delay_ms;
+    double at;
+};
+
+static void *kill_later(void *arg)
+{
+    struct killer *k = arg;
+    usleep(k->delay_ms * 1000);
+    k->at = now();
+    kill(k->victim->pid, k->sig);
+    return NULL;
+}
+
+/* Writes of 64 x 64 MiB to a victim, hurt while they run: they FAIL with
+ * FERRY_ERR_PEER_FAILED within the bound, and another peer still works. */
+static void check_failure_within_bound(const char *tls, int sig)
+{
+    if (strcmp(tls, "tcp") == 0)
+        setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    start(tls, "ucx");
+    peer_process_t victim, bystander;
+    ferry_segment_h victim_seg, bystander_seg;
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_eq(peer_start(&bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, victim_seg, victim.arena, 4096, "ucx"),
+                 FERRY_OK);
+
+    enum { N = 64 };
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, 64 * MIB};
+    /* Submit may itself copy (shared memory): hurt the peer from aside. */
+    struct killer k = {.victim = &victim, .sig = sig, .delay_ms = 100};
+    pthread_t thread;
+    pthread_create(&thread, NULL, kill_later, &k);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    double elapsed = now() - k.at;
+    pthread_join(thread, NULL);
+    cr_assert_neq(status, FERRY_OK, "4 GiB cannot finish once the peer is gone");
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
+    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_UCX_TIMEOUT=1 s)", elapsed);
+    int failed = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
+        if (xs.state == FERRY_XFER_FAILED) {
+            failed++;
+            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
+                         ferry_status_string(xs.error));
+        }
+    }
+    cr_assert_gt(failed, 0);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+
+    /* Other peers are unaffected. */
+    test_pattern_fill(local, 4 * MIB, 8);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander.arena, 4 * MIB,
+                          "ucx"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
+    if (sig != SIGKILL)
+        kill(victim.pid, SIGKILL);
+    peer_kill(&victim, SIGKILL);
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(&bystander);
+}
+
+Test(ucx, killed_peer_fails_in_flight_requests_over_shared_memory)
+{
+    check_failure_within_bound("sm,self", SIGKILL);
+}
+
+Test(ucx, killed_peer_fails_in_flight_requests_over_tcp)
+{
+    check_failure_within_bound("tcp", SIGKILL);
+}
+
+Test(ucx, frozen_peer_fails_in_flight_requests_within_timeout)
+{
+    check_failure_within_bound("tcp", SIGSTOP);
+}
+
+/* After the target unregisters a buffer, the next request to it is refused
+ * at submit, and no memory outside live registrations changes. */
+Test(ucx, unregistered_buffer_is_refused_and_untouched)
+{
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", MIB, MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 11);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, MIB, "ucx"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 12", MIB, 2 * MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB));
+
+    test_pattern_fill(local, MIB, 13);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write to the unregistered buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_READ, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a read of the unregistered buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 8, 16, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write across the end of a buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ucx"), FERRY_OK,
+                 "the live buffer still works");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 13", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB), before,
+                     "memory outside the live registrations changed");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(ucx, restarted_peer_is_reached_again)
+{
+    start("sm,self", "ucx");
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 1);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first.arena, MIB, "ucx"), FERRY_OK);
+    peer_kill(&first, SIGKILL);
+
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(&second, env), 0);
+    cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
+    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+    /* No refresh by the user: the engine notices the new incarnation. */
+    double start_time = now();
+    test_pattern_fill(local, MIB, 2);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, second.arena, MIB, "ucx"), FERRY_OK);
+    cr_assert_lt(now() - start_time, 1.0, "the dead incarnation was noticed at once");
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 2", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+}
+
+/* UCX 1.13 leaves posix/sysv shared memory out of endpoints with peer error
+ * handling unless UCX_{POSIX,SYSV}_ERROR_HANDLING=y; the plugin turns them
+ * on.  FERRY_UCX_SAME_HOST_SHM=require makes ucx refuse a same-host endpoint
+ * whose lanes include no shared memory, so the native tcp transport serves
+ * the request instead: the transport in the status tells which happened. */
+static const char *same_host_write_transport(int debian_defaults)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
+    if (debian_defaults) {
+        /* What UCX does without the plugin's setting, the user's choice here. */
+        setenv("UCX_POSIX_ERROR_HANDLING", "n", 1);
+        setenv("UCX_SYSV_ERROR_HANDLING", "n", 1);
+    }
+    start(NULL, "ucx,tcp"); /* every UCX transport: shm, cma, tcp */
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 8 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    test_pattern_fill(local, 8 * MIB, 4);
+    ferry_batch_h batch;
+    ferry_request_t req = {FERRY_OP_WRITE, local, segment, peer.arena, 8 * MIB};
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    ferry_xfer_status_t xs;
+    cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+    static char transport[32];
+    snprintf(transport, sizeof(transport), "%s", xs.transport);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 4", 8 * MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    return transport;
+}
+
+Test(ucx, same_host_transfer_uses_shared_memory)
+{
+    cr_assert_str_eq(same_host_write_transport(0), "ucx",
+                     "the ucx endpoint to a same-host peer has a shared-memory lane");
+}
+
+Test(ucx, without_shm_error_handling_ucx_falls_back_to_tcp_loopback)
+{
+    /* The control: with Debian's defaults UCX would have used TCP over
+     * loopback, which require refuses, so the native tcp transport served. */
+    cr_assert_str_eq(same_host_write_transport(1), "tcp");
+}
+
+/* Run fn with this process's stderr going to a file; returns what was logged. */
+static char *capture_stderr(void (*fn)(void *), void *arg)
+{
+    fflush(stderr);
+    FILE *file = tmpfile();
+    cr_assert_not_null(file);
+    int saved = dup(2);
+    dup2(fileno(file), 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    long size = ftell(file);
+    char *text = calloc(1, (size_t)(size > 0 ? size : 0) + 1);
+    rewind(file);
+    if (size > 0)
+        text[fread(text, 1, (size_t)size, file)] = '\0';
+    fclose(file);
+    return text;
+}
+
+struct notify_case {
+    ferry_segment_h segment;
+    peer_process_t *peer;
+    const char *msg;
+};
+
+static void write_with_notify(void *arg)
+{
+    struct notify_case *c = arg;
+    ferry_batch_h batch;
+    test_pattern_fill(local, MIB, 5);
+    ferry_request_t req = {FERRY_OP_WRITE, local, c->segment, c->peer->arena, MIB};
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_notify(batch, c->segment, c->msg, strlen(c->msg)), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_eq(ferry_notify_send(engine, c->segment, "short", 5), FERRY_OK);
+}
+
+/* A notify attached to a batch arrives, after the data, through UCX active
+ * messages: the engine would fall back to its RPC only after logging that
+ * the transport failed, and nothing is logged. */
+Test(ucx, notify_arrives_through_ucx_after_the_data)
+{
+    unsetenv("FERRY_LOG_LEVEL");
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    char msg[301];
+    for (size_t i = 0; i < sizeof(msg) - 1; i++)
+        msg[i] = (char)('a' + i % 26);
+    msg[sizeof(msg) - 1] = '\0';
+    struct notify_case c = {segment, &peer, msg};
+    char *logged = capture_stderr(write_with_notify, &c);
+    cr_assert(strstr(logged, "trying RPC") == NULL, "the notify fell back to RPC:\n%s", logged);
+    free(logged);
+
+    char expected[512];
+    snprintf(expected, sizeof(expected), "NOTIFY %s %s", ferry_engine_segment_name(engine), msg);
+    cr_assert_str_eq(peer_cmd(&peer, "notify 5000"), expected);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 5", MIB), "OK", "the data came first");
+    snprintf(expected, sizeof(expected), "NOTIFY %s short", ferry_engine_segment_name(engine));
+    cr_assert_str_eq(peer_cmd(&peer, "notify 5000"), expected, "ferry_notify_send too");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/* ferry_info shows UCX's version, the transports it found and the settings. */
+Test(ucx, ferry_info_shows_ucx)
+{
+    const char *info = getenv("FERRY_INFO");
+    cr_assert_not_null(info);
+    char command[1024], output[1 << 16];
+    snprintf(command, sizeof(command), "%s; %s -c", info, info);
+    FILE *pipe = popen(command, "r");
+    cr_assert_not_null(pipe);
+    size_t n = fread(output, 1, sizeof(output) - 1, pipe);
+    output[n] = '\0';
+    cr_assert_eq(pclose(pipe), 0);
+    const char *expected[] = {"transport ucx", "ucx: UCX 1.", "transports: ", "self/",
+                              "FERRY_UCX_WORKERS=", "FERRY_UCX_PROGRESS=", "FERRY_UCX_TIMEOUT=",
+                              "FERRY_UCX_SPIN=", "FERRY_UCX_SLICE_SIZE=",
+                              "FERRY_UCX_SAME_HOST_SHM="};
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        cr_assert(strstr(output, expected[i]) != NULL, "missing %s in:\n%s", expected[i],
+                  output);
+}
+
+/* A bad setting is refused with a clear error, not a crash. */
+Test(ucx, bad_setting_fails_engine_creation)
+{
+    setenv("FERRY_TRANSPORTS", "ucx", 1);
+    setenv("FERRY_UCX_PROGRESS", "sometimes", 1);
+    cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    engine = NULL;
+}

@@ -1,0 +1,279 @@
+/*
+ * The ucx transport plugin: private objects.
+ *
+ * One ucp context per transport instance, FERRY_UCX_WORKERS workers, each
+ * created in UCS_THREAD_MODE_MULTI and driven by its own progress thread
+ * (ucx_context.c).  Callers post puts and gets straight from submit(); the
+ * progress thread completes what UCX could not finish inline.
+ *
+ * Endpoint string (the descriptor's "transports":{"ucx":...}):
+ *   ucx1:<boot id>:<pid namespace>:<pid>:<start time>:<worker address>[,...]
+ * each worker address the base64 of its ucp address.  The process identity
+ * (kernel boot id, pid namespace, pid, start time) lets an initiator on the
+ * same kernel see at once that the peer is gone: UCX's own keepalive over
+ * shared memory runs every 20 s.  Buffer key: the base64 of the
+ * packed rkey.  An initiator's worker i talks to the peer's worker
+ * (i mod number of peer workers).
+ *
+ * Objects and locks (never held across a blocking wait; order: ucx->lock,
+ * then ep->lock; worker->lock is a leaf):
+ *   ferry_ucx_t.lock       the endpoint table and each endpoint's state/next
+ *   ferry_ucx_ep_t.lock    posting on ep->ep, closing it, the rkey cache
+ *   ferry_ucx_worker_t.lock the worker's endpoint list (deadline sweeps) and
+ *                          the queue of endpoints its thread must close
+ * Completion callbacks run inside ucp_worker_progress (any thread that
+ * progresses) and take none of these locks but worker->lock.
+ */
+#ifndef FERRY_UCX_H
+#define FERRY_UCX_H
+
+#include <ferry/plugin.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ucp/api/ucp.h>
+
+#define FERRY_UCX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define FERRY_UCX_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FERRY_UCX_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#define FERRY_UCX_EP_BUCKETS 256
+#define FERRY_UCX_MAX_WORKERS 64
+#define FERRY_UCX_THREAD_STACK (512u << 10)
+/* Active message ids of this plugin. */
+enum {
+    FERRY_UCX_AM_NOTIFY = 0x4652, /* header: sender's segment name; data: the message */
+    FERRY_UCX_AM_HELLO = 0x4653,  /* header: the initiator's RPC host:port */
+};
+#define FERRY_UCX_NAME_MAX 255
+#define FERRY_UCX_ENDPOINT_PREFIX "ucx1:"
+/* A same-host peer idle this long is checked for life before the next request. */
+#define FERRY_UCX_LIVENESS_IDLE_MS 50
+
+typedef enum ferry_ucx_progress_mode {
+    FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */
+    FERRY_UCX_PROGRESS_HYBRID, /* poll while busy (SPIN after the last activity), then wait */
+    FERRY_UCX_PROGRESS_POLL,   /* always poll: one core per worker, lowest latency */
+} ferry_ucx_progress_mode_t;
+
+typedef enum ferry_ucx_shm_policy {
+    FERRY_UCX_SHM_IGNORE,
+    FERRY_UCX_SHM_WARN,
+    FERRY_UCX_SHM_REQUIRE,
+} ferry_ucx_shm_policy_t;
+
+typedef struct ferry_ucx_settings {
+    unsigned workers;
+    char *progress;
+    unsigned spin_us;
+    unsigned timeout_ms;
+    size_t slice_size;
+    char *same_host_shm;
+    unsigned rkey_cache;
+} ferry_ucx_settings_t;
+
+typedef struct ferry_ucx ferry_ucx_t;
+typedef struct ferry_ucx_worker ferry_ucx_worker_t;
+typedef struct ferry_ucx_ep ferry_ucx_ep_t;
+
+/* One cached unpacked rkey; ep->lock. */
+typedef struct ferry_ucx_rkey {
+    char *key;
+    uint64_t hash;
+    ucp_rkey_h rkey;
+    struct ferry_ucx_rkey *next;
+} ferry_ucx_rkey_t;
+
+typedef enum ferry_ucx_ep_state {
+    FERRY_UCX_EP_CONNECTING,  /* being created by one thread; others wait on ucx->settled */
+    FERRY_UCX_EP_READY,
+    FERRY_UCX_EP_FAILED,      /* the next submit says so once and drops it */
+    FERRY_UCX_EP_UNREACHABLE, /* no usable lane: reaches() says no, kept as a negative entry */
+    FERRY_UCX_EP_GONE,        /* out of the table */
+} ferry_ucx_ep_state_t;
+
+/*
+ * A remote engine incarnation reached from one of our workers.
+ * Immutable once READY: worker, endpoint, generation, name, lanes, same_host.
+ * refs: the table's, one per submit or notify in progress, one per op group
+ * in flight; the last unref destroys the rkeys and frees it.
+ */
+struct ferry_ucx_ep {
+    ferry_ucx_t *ucx;
+    ferry_ucx_worker_t *worker;
+    char *endpoint;
+    uint64_t generation;
+    char *name;
+    char lanes[256];            /* "sysv/memory(am) cma/memory(rma_bw)" */
+    int same_host;
+    long pid;                   /* the peer process if it runs on our kernel and pid
+                                   namespace, else 0 (from the endpoint string) */
+    unsigned long long start_time;
+    const char *addresses;      /* inside endpoint: the worker addresses */
+    ferry_ucx_ep_state_t state; /* ucx->lock */
+    ferry_status_t connect_status;
+    ferry_ucx_ep_t *next;       /* ucx->lock: bucket chain */
+    ferry_ucx_ep_t *worker_next;/* worker->lock: the worker's list */
+    ferry_ucx_ep_t *close_next; /* worker->lock: the worker's close queue */
+    ferry_ucx_ep_t *flush_queue_next; /* worker->lock: the worker's flush queue */
+    int on_worker_list;         /* worker->lock */
+    int close_queued;           /* worker->lock */
+    int flush_queued;           /* worker->lock */
+
+    pthread_mutex_t lock;       /* posting on ep, closed, rkeys, n_rkeys */
+    _Atomic(ucp_ep_h) ep;       /* NULL once closed; flush callbacks read it unlocked */
+    int closed;
+    ferry_ucx_rkey_t **rkeys;   /* settings.rkey_cache buckets */
+    size_t n_rkeys;
+
+    /* Flush coalescing: while one flush is in flight, groups posted after it
+     * wait here for the next one (a flush covers everything posted before
+     * it), so a batch of n requests costs two or three flushes, not n.  A
+     * flush that completes with groups waiting has the worker's thread post
+     * the next one (never from inside a UCX callback).  flush_lock is a
+     * leaf, never held across a UCX call. */
+    pthread_mutex_t flush_lock;
+    int flush_inflight;
+    struct ferry_ucx_group *flush_waiting, *flush_waiting_tail;
+
+    atomic_uint refs;
+    atomic_int failed;          /* ferry status that failed it, 0 while healthy */
+    atomic_uint outstanding;    /* op groups in flight */
+    atomic_uint_fast64_t last_activity_ms;
+};
+
+/* Operations posted together by one submit (or one notify), finished together
+ * once UCX completed every one of them and the flush behind them. */
+typedef struct ferry_ucx_group {
+    ferry_ucx_ep_t *ep;
+    ferry_slice_t *slices;      /* transfers: finished with slice_done */
+    atomic_uint pending;        /* ops and flush not completed, + 1 while posting */
+    atomic_int status;          /* first ucs_status_t error, UCS_OK if none */
+    struct ferry_ucx_waiter *waiter; /* notify: woken when done */
+    void *payload;              /* notify: the header and message, freed when done */
+    struct ferry_ucx_group *flush_next; /* in ep->flush_waiting or a flush's list */
+} ferry_ucx_group_t;
+
+typedef struct ferry_ucx_waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done;
+    ucs_status_t status;
+    atomic_uint refs; /* the waiting thread and the group */
+} ferry_ucx_waiter_t;
+
+struct ferry_ucx_worker {
+    ferry_ucx_t *ucx;
+    unsigned index;
+    ucp_worker_h worker;
+    int efd;
+    pthread_t thread;
+    int thread_started;
+    atomic_int stop;
+    atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
+    atomic_uint busy;                      /* groups in flight: sweep deadlines */
+    atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
+    atomic_int close_pending;              /* close_queue or flush_queue is not empty */
+    atomic_int sleeping;                   /* the thread waits on efd */
+
+    pthread_mutex_t lock;
+    ferry_ucx_ep_t *eps;
+    ferry_ucx_ep_t *close_queue;
+    ferry_ucx_ep_t *flush_queue; /* endpoints whose waiting groups need a flush */
+};
+
+struct ferry_ucx {
+    ferry_transport_services_t svc;
+    ferry_ucx_settings_t settings;
+    ferry_ucx_progress_mode_t progress_mode;
+    ferry_ucx_shm_policy_t shm_policy;
+    ucp_context_h context;
+    unsigned n_workers;
+    ferry_ucx_worker_t *workers;
+    char *address; /* our endpoint string; immutable after create */
+
+    pthread_mutex_t lock;   /* buckets, ep->state, ep->next */
+    pthread_cond_t settled; /* a CONNECTING endpoint changed state */
+    ferry_ucx_ep_t *buckets[FERRY_UCX_EP_BUCKETS];
+};
+
+/* ---- ucx_plugin.c ---- */
+extern const ferry_setting_t ferry_ucx_settings_table[];
+extern const size_t ferry_ucx_settings_count;
+uint64_t ferry_ucx_time_ms(void);
+uint64_t ferry_ucx_time_us(void);
+/* now - then, or 0 when another thread stored a later time than our now. */
+static inline uint64_t ferry_ucx_since(uint64_t then, uint64_t now)
+{
+    return now > then ? now - then : 0;
+}
+uint64_t ferry_ucx_hash(const char *text, uint64_t seed);
+/* Start time of a process (clock ticks since boot), 0 if it is gone or a zombie. */
+unsigned long long ferry_ucx_process_start_time(long pid);
+/* "<boot id>:<pid namespace>:<pid>:<start time>" of this process. */
+void ferry_ucx_process_identity(char *out, size_t len);
+ferry_status_t ferry_ucx_status(ucs_status_t status);
+
+/* ---- ucx_context.c ---- */
+/* ucp_config_read plus our defaults (shared memory with peer error handling). */
+ferry_status_t ferry_ucx_config_read(ucp_config_t **config_p);
+ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx);
+void ferry_ucx_context_stop(ferry_ucx_t *ucx);
+/* What ferry_info prints: version and the transports this host offers. */
+void ferry_ucx_print_info(FILE *out);
+
+/* ---- ucx_mem.c ---- */
+ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
+                                      char **key_p, void **memh_p);
+void ferry_ucx_mem_deregister(void *ctx, void *memh);
+ucp_mem_h ferry_ucx_memh(const void *memh);
+char *ferry_ucx_base64_encode(const void *data, size_t length);
+/* NULL on bad input; *length_p gets the decoded size. */
+void *ferry_ucx_base64_decode(const char *text, size_t text_length, size_t *length_p);
+/* The unpacked rkey for key on ep; caller holds ep->lock. */
+ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key, ucp_rkey_h *rkey_p);
+/* Drop every cached rkey; caller holds ep->lock or is the last user. */
+void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
+
+/* ---- ucx_ep.c ---- */
+/* A referenced endpoint for the peer, created if needed.  FERRY_ERR_PEER_FAILED
+ * (once) for a failed one, FERRY_ERR_UNSUPPORTED for an unreachable one. */
+ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
+                                ferry_ucx_ep_t **ep_p);
+void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep);
+/* Mark failed (first status wins) and have the worker's thread close it. */
+void ferry_ucx_ep_fail(ferry_ucx_ep_t *ep, ferry_status_t why, const char *what);
+/* Close the ucp endpoint now, cancelling what is in flight. */
+void ferry_ucx_ep_close(ferry_ucx_ep_t *ep);
+int ferry_ucx_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key);
+void ferry_ucx_peer_forget(void *ctx, const ferry_peer_t *peer);
+/* A same-host peer whose process is gone (or replaced) fails its endpoint. */
+int ferry_ucx_ep_check_alive(ferry_ucx_ep_t *ep);
+/* Progress thread: close queued endpoints, fail those past their deadline. */
+void ferry_ucx_worker_housekeeping(ferry_ucx_worker_t *worker, int sweep);
+void ferry_ucx_eps_destroy(ferry_ucx_t *ucx);
+
+/* ---- ucx_xfer.c ---- */
+ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
+ferry_ucx_group_t *ferry_ucx_group_new(ferry_ucx_ep_t *ep);
+/* Have a flush cover what the group posted (one now, or the next one);
+ * caller holds ep->lock with the endpoint open. */
+void ferry_ucx_group_post_flush(ferry_ucx_group_t *group);
+/* Worker thread: post the flush the endpoint's waiting groups need. */
+void ferry_ucx_flush_waiting(ferry_ucx_ep_t *ep);
+/* Completion callback for any op of a group (user_data = group). */
+void ferry_ucx_op_done(void *request, ucs_status_t status, void *user_data);
+void ferry_ucx_group_unref_op(ferry_ucx_group_t *group, ucs_status_t status);
+
+/* ---- ucx_am.c ---- */
+ferry_status_t ferry_ucx_am_register(ferry_ucx_worker_t *worker);
+ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char *from,
+                                const void *msg, size_t length);
+/* Tell the peer our RPC endpoint, so it invalidates our cache on unregister. */
+void ferry_ucx_send_hello(ferry_ucx_ep_t *ep);
+
+#endif

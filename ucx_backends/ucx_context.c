@@ -1,0 +1,379 @@
+/*
+ * ucx context and workers: configuration, the ucp context, one worker per
+ * FERRY_UCX_WORKERS, each with its own progress thread.
+ *
+ * Progress model (FERRY_UCX_PROGRESS; ucx_backends/README.md has the measurements).
+ * The plugin ABI has no progress hook, and ferry_batch_wait sleeps on a
+ * condition variable, so completions must come from a thread of ours.
+ * Callers post puts/gets and the flush behind them themselves (workers are
+ * UCS_THREAD_MODE_MULTI), so whatever UCX finishes inline (CMA copies,
+ * shared-memory puts) completes in the caller's thread without any handoff.
+ * The progress thread:
+ *   hybrid (default): polls while events keep coming and for SPIN
+ *     microseconds after the last one (a submit counts), then arms the
+ *     worker and sleeps on its event fd.  Latency-bound loops stay in the
+ *     polling window; an idle engine costs no CPU; on a 2-core host two
+ *     engines do not starve each other.
+ *   wait: arms and sleeps whenever a progress call found nothing.
+ *   poll: never sleeps (one core per worker; for dedicated cores only).
+ * Sleeping threads wake for the next deadline sweep (TIMEOUT/4) while
+ * requests are outstanding, else at least once a second.
+ */
+#include "ucx.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Resource names ("self/memory0 tcp/eth0 ...") of a context, malloc-ed. */
+static char *context_resources(ucp_context_h context)
+{
+    char *text = NULL, *out = NULL;
+    size_t size = 0, used = 0, cap = 0;
+    FILE *stream = open_memstream(&text, &size);
+    if (stream == NULL)
+        return NULL;
+    ucp_context_print_info(context, stream);
+    fclose(stream);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        const char *tail = strstr(line, "-- ");
+        if (strstr(line, "resource") == NULL || tail == NULL)
+            continue;
+        tail += 3;
+        size_t len = strcspn(tail, " \t");
+        if (used + len + 2 > cap) {
+            cap = (used + len + 2) * 2;
+            char *grown = realloc(out, cap);
+            if (grown == NULL)
+                break;
+            out = grown;
+        }
+        if (used)
+            out[used++] = ' ';
+        memcpy(out + used, tail, len);
+        used += len;
+        out[used] = '\0';
+    }
+    free(text);
+    return out ? out : strdup("");
+}
+
+/* posix, sysv or xpmem: the transports that honour MM_ERROR_HANDLING. */
+static int has_mm_transport(const char *resources)
+{
+    static const char *const names[] = {"posix/", "sysv/", "xpmem/"};
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(names); i++)
+        if (resources && strstr(resources, names[i]))
+            return 1;
+    return 0;
+}
+
+static int user_set_shm_error_handling(void)
+{
+    return getenv("UCX_POSIX_ERROR_HANDLING") || getenv("UCX_SYSV_ERROR_HANDLING") ||
+           getenv("UCX_MM_ERROR_HANDLING") || getenv("UCX_XPMEM_ERROR_HANDLING");
+}
+
+/*
+ * UCX 1.13 (Debian) leaves posix and sysv shared memory out of endpoints
+ * with peer error handling (UCX_{POSIX,SYSV}_ERROR_HANDLING=n), and such an
+ * endpoint silently falls back to TCP over loopback (about 50x slower).
+ * Every endpoint of ours uses peer error handling, so turn them on unless
+ * the user chose.  The uct tables share the MM_ prefix, the one key
+ * ucp_config_modify can reach both through.
+ */
+static ferry_status_t config_read(int shm_error_handling, ucp_config_t **config_p)
+{
+    ucp_config_t *config;
+    ucs_status_t status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        ferry_error("ucx: cannot read the UCX_* configuration: %s", ucs_status_string(status));
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    /* Our workers are UCS_THREAD_MODE_MULTI: callers post while a progress
+     * thread progresses.  With UCX's default spinlock a thread preempted
+     * inside UCX (two engines on two cores, or any oversubscribed host)
+     * makes every other one spin for its whole time slice: measured 2.8 ms
+     * per 4 KiB write instead of 75 us.  A mutex sleeps instead. */
+    if (getenv("UCX_USE_MT_MUTEX") == NULL) {
+        status = ucp_config_modify(config, "USE_MT_MUTEX", "y");
+        if (status != UCS_OK)
+            ferry_warn("ucx: cannot select mutexes for multi-threaded workers: %s",
+                       ucs_status_string(status));
+    }
+    if (shm_error_handling && !user_set_shm_error_handling()) {
+        status = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+        if (status != UCS_OK)
+            ferry_warn("ucx: cannot enable shared memory with peer error handling (%s); "
+                       "same-host peers may fall back to TCP", ucs_status_string(status));
+    }
+    *config_p = config;
+    return FERRY_OK;
+}
+
+static ferry_status_t context_init(int shm_error_handling, unsigned workers,
+                                   ucp_context_h *context_p)
+{
+    ucp_config_t *config;
+    ferry_status_t result = config_read(shm_error_handling, &config);
+    if (result != FERRY_OK)
+        return result;
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = workers > 1,
+        .name = "ferry",
+    };
+    ucs_status_t status = ucp_init(&params, config, context_p);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+        ferry_error("ucx: ucp_init failed: %s", ucs_status_string(status));
+        return status == UCS_ERR_NO_DEVICE ? FERRY_ERR_NO_RESOURCE : FERRY_ERR_UNSUPPORTED;
+    }
+    return FERRY_OK;
+}
+
+/* A context with shared memory usable under peer error handling.  Without
+ * posix/sysv resources (UCX_TLS=tcp) the modified key would only make UCX
+ * warn on every worker, so that context is made again without it. */
+static ferry_status_t context_create(unsigned workers, ucp_context_h *context_p,
+                                     char **resources_p)
+{
+    ferry_status_t status = context_init(1, workers, context_p);
+    if (status != FERRY_OK)
+        return status;
+    char *resources = context_resources(*context_p);
+    if (!has_mm_transport(resources) && !user_set_shm_error_handling()) {
+        ucp_cleanup(*context_p);
+        status = context_init(0, workers, context_p);
+        if (status != FERRY_OK) {
+            free(resources);
+            return status;
+        }
+    }
+    *resources_p = resources;
+    return FERRY_OK;
+}
+
+/* ---------------- progress threads ---------------- */
+
+static void *progress_main(void *arg)
+{
+    ferry_ucx_worker_t *w = arg;
+    ferry_ucx_t *ucx = w->ucx;
+    const ferry_ucx_progress_mode_t mode = ucx->progress_mode;
+    const uint64_t spin_us = ucx->settings.spin_us;
+    const unsigned timeout = ucx->settings.timeout_ms;
+    const unsigned tick_ms = timeout ? FERRY_UCX_MAX(timeout / 4, 1u) : 1000u;
+    uint64_t next_sweep = ferry_ucx_time_ms() + tick_ms;
+
+    while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
+        unsigned events = ucp_worker_progress(w->worker);
+        uint64_t now_ms = ferry_ucx_time_ms();
+        int sweep = now_ms >= next_sweep;
+        if (sweep)
+            next_sweep = now_ms + tick_ms;
+        if (sweep || atomic_load_explicit(&w->close_pending, memory_order_relaxed))
+            ferry_ucx_worker_housekeeping(w, sweep);
+        if (events) {
+            if (mode == FERRY_UCX_PROGRESS_HYBRID)
+                atomic_store_explicit(&w->last_activity_us, ferry_ucx_time_us(),
+                                      memory_order_relaxed);
+            continue;
+        }
+        if (mode == FERRY_UCX_PROGRESS_POLL)
+            continue;
+        if (mode == FERRY_UCX_PROGRESS_HYBRID &&
+            (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
+             ferry_ucx_since(atomic_load_explicit(&w->last_activity_us, memory_order_relaxed),
+                             ferry_ucx_time_us()) < spin_us)) {
+            /* Our requests in flight (or a peer's just now): keep polling,
+             * but let any other runnable thread have this core first. */
+            sched_yield();
+            continue;
+        }
+        ucs_status_t status = ucp_worker_arm(w->worker);
+        if (status == UCS_ERR_BUSY)
+            continue; /* events arrived meanwhile */
+        int wait_ms = (int)(next_sweep > now_ms ? next_sweep - now_ms : 0);
+        if (atomic_load(&w->busy) == 0)
+            wait_ms = 1000; /* nothing to time out; still look at the close queue */
+        if (status != UCS_OK)
+            wait_ms = 1; /* cannot arm: degrade to a slow poll rather than stall */
+        struct pollfd pfd = {.fd = w->efd, .events = POLLIN};
+        atomic_store(&w->sleeping, 1);
+        poll(&pfd, 1, wait_ms);
+        atomic_store(&w->sleeping, 0);
+    }
+    return NULL;
+}
+
+static ferry_status_t thread_start(ferry_ucx_worker_t *w)
+{
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, FERRY_UCX_THREAD_STACK);
+    int rc = pthread_create(&w->thread, &attr, progress_main, w);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        ferry_error("ucx: cannot start a progress thread: %s", strerror(rc));
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    w->thread_started = 1;
+    return FERRY_OK;
+}
+
+/* ---------------- workers ---------------- */
+
+static ferry_status_t worker_create(ferry_ucx_t *ucx, ferry_ucx_worker_t *w, char **address_p)
+{
+    ucp_worker_params_t params = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_MULTI,
+    };
+    ucs_status_t status = ucp_worker_create(ucx->context, &params, &w->worker);
+    if (status != UCS_OK) {
+        ferry_error("ucx: ucp_worker_create failed: %s", ucs_status_string(status));
+        w->worker = NULL;
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    ucp_worker_attr_t attr = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE};
+    if (ucp_worker_query(w->worker, &attr) == UCS_OK &&
+        attr.thread_mode != UCS_THREAD_MODE_MULTI) {
+        ferry_error("ucx: this UCX has no multi-threaded workers (built without "
+                    "--enable-mt)");
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    status = ucp_worker_get_efd(w->worker, &w->efd);
+    if (status != UCS_OK) {
+        ferry_error("ucx: ucp_worker_get_efd failed: %s", ucs_status_string(status));
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    ucp_address_t *address;
+    size_t length;
+    status = ucp_worker_get_address(w->worker, &address, &length);
+    if (status != UCS_OK) {
+        ferry_error("ucx: ucp_worker_get_address failed: %s", ucs_status_string(status));
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    *address_p = ferry_ucx_base64_encode(address, length);
+    ucp_worker_release_address(w->worker, address);
+    if (*address_p == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    return ferry_ucx_am_register(w);
+}
+
+ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx)
+{
+    char *resources = NULL;
+    ferry_status_t status = context_create(ucx->settings.workers, &ucx->context, &resources);
+    if (status != FERRY_OK)
+        return status;
+    ferry_debug("ucx: %s, resources: %s", ucp_get_version_string(), resources);
+    free(resources);
+
+    ucx->workers = calloc(ucx->settings.workers, sizeof(*ucx->workers));
+    if (ucx->workers == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    char identity[160];
+    size_t prefix = strlen(FERRY_UCX_ENDPOINT_PREFIX);
+    memcpy(identity, FERRY_UCX_ENDPOINT_PREFIX, prefix);
+    ferry_ucx_process_identity(identity + prefix, sizeof(identity) - prefix - 1);
+    strcat(identity, ":");
+    size_t used = strlen(identity), cap = used + 1;
+    if ((ucx->address = strdup(identity)) == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    for (unsigned i = 0; i < ucx->settings.workers; i++) {
+        ferry_ucx_worker_t *w = &ucx->workers[i];
+        w->ucx = ucx;
+        w->index = i;
+        w->efd = -1;
+        pthread_mutex_init(&w->lock, NULL);
+        ucx->n_workers++;
+        char *address = NULL;
+        status = worker_create(ucx, w, &address);
+        if (status == FERRY_OK) {
+            size_t len = strlen(address);
+            if (used + len + 2 > cap) {
+                cap = (used + len + 2) * 2;
+                char *grown = realloc(ucx->address, cap);
+                if (grown == NULL)
+                    status = FERRY_ERR_NO_MEMORY;
+                else
+                    ucx->address = grown;
+            }
+        }
+        if (status == FERRY_OK) {
+            if (i > 0)
+                ucx->address[used++] = ',';
+            memcpy(ucx->address + used, address, strlen(address) + 1);
+            used += strlen(address);
+        }
+        free(address);
+        if (status != FERRY_OK)
+            return status;
+    }
+    for (unsigned i = 0; i < ucx->n_workers && status == FERRY_OK; i++)
+        status = thread_start(&ucx->workers[i]);
+    if (status == FERRY_OK)
+        ferry_debug("ucx: %u worker(s), progress %s, endpoint %zu bytes", ucx->n_workers,
+                    ucx->settings.progress, strlen(ucx->address));
+    return status;
+}
+
+void ferry_ucx_context_stop(ferry_ucx_t *ucx)
+{
+    /* Threads first: endpoints are then closed by this thread alone. */
+    for (unsigned i = 0; i < ucx->n_workers; i++) {
+        ferry_ucx_worker_t *w = &ucx->workers[i];
+        if (!w->thread_started)
+            continue;
+        atomic_store(&w->stop, 1);
+        ucp_worker_signal(w->worker);
+        pthread_join(w->thread, NULL);
+        w->thread_started = 0;
+    }
+    if (ucx->workers != NULL)
+        ferry_ucx_eps_destroy(ucx);
+    for (unsigned i = 0; i < ucx->n_workers; i++) {
+        ferry_ucx_worker_t *w = &ucx->workers[i];
+        if (w->worker != NULL) {
+            /* Let forced closes finish so ucp_worker_destroy finds no request. */
+            uint64_t deadline = ferry_ucx_time_ms() + 1000;
+            while (atomic_load(&w->closing) > 0 && ferry_ucx_time_ms() < deadline)
+                ucp_worker_progress(w->worker);
+            ucp_worker_destroy(w->worker);
+        }
+        pthread_mutex_destroy(&w->lock);
+    }
+    free(ucx->workers);
+    ucx->workers = NULL;
+    ucx->n_workers = 0;
+    if (ucx->context != NULL)
+        ucp_cleanup(ucx->context);
+    ucx->context = NULL;
+}
+
+void ferry_ucx_print_info(FILE *out)
+{
+    fprintf(out, "ucx: UCX %s (built against %d.%d)", ucp_get_version_string(),
+            UCP_API_MAJOR, UCP_API_MINOR);
+    ucp_context_h context;
+    char *resources = NULL;
+    if (context_create(1, &context, &resources) == FERRY_OK) {
+        fprintf(out, ", transports: %s\n", resources && *resources ? resources : "none");
+        ucp_cleanup(context);
+    } else {
+        fprintf(out, ", no usable transport (ucp_init failed)\n");
+    }
+    free(resources);
+    if (!user_set_shm_error_handling())
+        fprintf(out, "ucx: posix/sysv shared memory enabled for peer error handling "
+                     "(UCX_MM_ERROR_HANDLING=y unless UCX_POSIX/SYSV_ERROR_HANDLING are set)\n");
+}

@@ -1,0 +1,348 @@
+/*
+ * ucx transfers: submit posts one ucp_put_nbx/ucp_get_nbx per slice and an
+ * endpoint flush behind them, all in the caller's thread.  The slices of
+ * one submit form a group, finished together (slice_done) once UCX
+ * completed every operation and the flush: a WRITE is then in the target's
+ * memory, a READ in ours.  What UCX completes inline (CMA, shared memory)
+ * finishes before submit returns; the rest in the worker's progress thread.
+ */
+#include "ucx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ferry_ucx_group_t *ferry_ucx_group_new(ferry_ucx_ep_t *ep)
+{
+    ferry_ucx_group_t *group = calloc(1, sizeof(*group));
+    if (group == NULL)
+        return NULL;
+    group->ep = ep;
+    atomic_fetch_add(&ep->refs, 1);
+    atomic_init(&group->pending, 1); /* the poster's */
+    atomic_init(&group->status, UCS_OK);
+    /* The deadline counts from the first request after an idle spell, not
+     * from whenever the endpoint last completed something. */
+    if (atomic_fetch_add(&ep->outstanding, 1) == 0)
+        atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
+    atomic_fetch_add(&ep->worker->busy, 1);
+    return group;
+}
+
+static void waiter_unref(ferry_ucx_waiter_t *waiter)
+{
+    if (atomic_fetch_sub(&waiter->refs, 1) != 1)
+        return;
+    pthread_cond_destroy(&waiter->cond);
+    pthread_mutex_destroy(&waiter->lock);
+    free(waiter);
+}
+
+/* What a slice reports: a failed endpoint's reason first, so a cancelled
+ * request of a dead peer reads FERRY_ERR_PEER_FAILED. */
+static ferry_status_t group_result(ferry_ucx_group_t *group, ucs_status_t status)
+{
+    if (status == UCS_OK)
+        return FERRY_OK;
+    int failed = atomic_load(&group->ep->failed);
+    if (failed != 0)
+        return (ferry_status_t)failed;
+    return status == UCS_ERR_CANCELED ? FERRY_ERR_CANCELED : ferry_ucx_status(status);
+}
+
+static void group_finish(ferry_ucx_group_t *group)
+{
+    ferry_ucx_ep_t *ep = group->ep;
+    ucs_status_t status = (ucs_status_t)atomic_load(&group->status);
+    ferry_status_t result = group_result(group, status);
+    atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
+    atomic_fetch_sub(&ep->outstanding, 1);
+    atomic_fetch_sub(&ep->worker->busy, 1);
+    const ferry_transport_services_t *svc = &ep->ucx->svc;
+    for (ferry_slice_t *slice = group->slices, *next; slice != NULL; slice = next) {
+        next = slice->next;
+        slice->next = NULL;
+        svc->slice_done(slice, result);
+    }
+    if (group->waiter != NULL) {
+        ferry_ucx_waiter_t *waiter = group->waiter;
+        pthread_mutex_lock(&waiter->lock);
+        waiter->done = 1;
+        waiter->status = status;
+        pthread_cond_signal(&waiter->cond);
+        pthread_mutex_unlock(&waiter->lock);
+        waiter_unref(waiter);
+    }
+    free(group->payload);
+    ferry_ucx_ep_unref(ep);
+    free(group);
+}
+
+/* Undo a group nothing was posted for; its slices stay the caller's. */
+static void group_abandon(ferry_ucx_group_t *group)
+{
+    ferry_ucx_ep_t *ep = group->ep;
+    atomic_fetch_sub(&ep->outstanding, 1);
+    atomic_fetch_sub(&ep->worker->busy, 1);
+    ferry_ucx_ep_unref(ep);
+    free(group);
+}
+
+void ferry_ucx_group_unref_op(ferry_ucx_group_t *group, ucs_status_t status)
+{
+    if (status != UCS_OK) {
+        int expected = UCS_OK;
+        atomic_compare_exchange_strong(&group->status, &expected, (int)status);
+    }
+    if (atomic_fetch_sub(&group->pending, 1) == 1)
+        group_finish(group);
+}
+
+void ferry_ucx_op_done(void *request, ucs_status_t status, void *user_data)
+{
+    ferry_ucx_group_t *group = user_data;
+    ucp_request_free(request);
+    atomic_store_explicit(&group->ep->last_activity_ms, ferry_ucx_time_ms(),
+                          memory_order_relaxed);
+    ferry_ucx_group_unref_op(group, status);
+}
+
+/* Account for an operation UCX accepted: done now, failed now, or later
+ * through ferry_ucx_op_done.  Returns the immediate error, if any. */
+static ucs_status_t track(ferry_ucx_group_t *group, ucs_status_ptr_t request)
+{
+    if (UCS_PTR_IS_PTR(request))
+        return UCS_OK;
+    ucs_status_t status = UCS_PTR_STATUS(request);
+    ferry_ucx_group_unref_op(group, status);
+    return status;
+}
+
+/* ---------------- flushes ---------------- */
+
+typedef struct flush_batch {
+    ferry_ucx_ep_t *ep;
+    ferry_ucx_group_t *groups; /* linked by flush_next */
+} flush_batch_t;
+
+static void flush_done(void *request, ucs_status_t status, void *user_data);
+
+/* Groups waiting for a flush, or NULL (then no flush is in flight any more). */
+static ferry_ucx_group_t *flush_take_waiting(ferry_ucx_ep_t *ep)
+{
+    pthread_mutex_lock(&ep->flush_lock);
+    ferry_ucx_group_t *groups = ep->flush_waiting;
+    ep->flush_waiting = ep->flush_waiting_tail = NULL;
+    if (groups == NULL)
+        ep->flush_inflight = 0;
+    pthread_mutex_unlock(&ep->flush_lock);
+    return groups;
+}
+
+static void flush_release(ferry_ucx_group_t *groups, ucs_status_t status)
+{
+    for (ferry_ucx_group_t *g = groups, *next; g != NULL; g = next) {
+        next = g->flush_next;
+        g->flush_next = NULL;
+        ferry_ucx_group_unref_op(g, status);
+    }
+}
+
+/*
+ * Flush the endpoint for these groups, then for whoever queued up meanwhile,
+ * until a flush stays in flight (its callback carries on) or nobody waits.
+ * Caller holds ep->lock (so the endpoint stays open) and a reference on ep.
+ */
+static void flush_run(ferry_ucx_ep_t *ep, ferry_ucx_group_t *groups)
+{
+    while (groups != NULL) {
+        ucp_ep_h handle = atomic_load(&ep->ep);
+        ucs_status_t status = UCS_ERR_CANCELED;
+        flush_batch_t *batch = handle ? malloc(sizeof(*batch)) : NULL;
+        if (handle != NULL && batch == NULL)
+            status = UCS_ERR_NO_MEMORY;
+        if (batch != NULL) {
+            *batch = (flush_batch_t){.ep = ep, .groups = groups};
+            ucp_request_param_t param = {
+                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                .cb.send = flush_done,
+                .user_data = batch,
+            };
+            ucs_status_ptr_t request = ucp_ep_flush_nbx(handle, &param);
+            if (UCS_PTR_IS_PTR(request))
+                return;
+            status = UCS_PTR_STATUS(request);
+            free(batch);
+        }
+        ferry_ucx_group_t *next = flush_take_waiting(ep);
+        flush_release(groups, status);
+        groups = next;
+    }
+}
+
+static void flush_done(void *request, ucs_status_t status, void *user_data)
+{
+    flush_batch_t *batch = user_data;
+    ferry_ucx_ep_t *ep = batch->ep;
+    ferry_ucx_group_t *groups = batch->groups;
+    ucp_request_free(request);
+    free(batch);
+    pthread_mutex_lock(&ep->flush_lock);
+    int waiting = ep->flush_waiting != NULL;
+    if (!waiting)
+        ep->flush_inflight = 0;
+    pthread_mutex_unlock(&ep->flush_lock);
+    if (waiting) {
+        /* Posting from inside a UCX callback can leave the new flush
+         * unprogressed: the worker's thread posts it on its next turn. */
+        ferry_ucx_worker_t *w = ep->worker;
+        pthread_mutex_lock(&w->lock);
+        if (!ep->flush_queued) {
+            ep->flush_queued = 1;
+            atomic_fetch_add(&ep->refs, 1);
+            ep->flush_queue_next = w->flush_queue;
+            w->flush_queue = ep;
+            atomic_store(&w->close_pending, 1);
+        }
+        pthread_mutex_unlock(&w->lock);
+        if (atomic_load(&w->sleeping))
+            ucp_worker_signal(w->worker);
+    }
+    flush_release(groups, status);
+}
+
+void ferry_ucx_flush_waiting(ferry_ucx_ep_t *ep)
+{
+    pthread_mutex_lock(&ep->lock);
+    ferry_ucx_group_t *groups = flush_take_waiting(ep);
+    if (ep->closed) {
+        pthread_mutex_unlock(&ep->lock);
+        flush_release(groups, UCS_ERR_CANCELED);
+        return;
+    }
+    flush_run(ep, groups);
+    pthread_mutex_unlock(&ep->lock);
+}
+
+void ferry_ucx_group_post_flush(ferry_ucx_group_t *group)
+{
+    ferry_ucx_ep_t *ep = group->ep;
+    atomic_fetch_add(&group->pending, 1); /* released by the flush that covers it */
+    pthread_mutex_lock(&ep->flush_lock);
+    int queued = ep->flush_inflight;
+    if (queued) {
+        /* The flush in flight may precede our operations: wait for the next. */
+        group->flush_next = NULL;
+        if (ep->flush_waiting_tail != NULL)
+            ep->flush_waiting_tail->flush_next = group;
+        else
+            ep->flush_waiting = group;
+        ep->flush_waiting_tail = group;
+    } else {
+        ep->flush_inflight = 1;
+    }
+    pthread_mutex_unlock(&ep->flush_lock);
+    if (!queued) {
+        group->flush_next = NULL;
+        flush_run(ep, group);
+    }
+}
+
+static ucs_status_t post_slice(ferry_ucx_group_t *group, const ferry_slice_t *slice,
+                               ucp_rkey_h rkey)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = ferry_ucx_op_done,
+        .user_data = group,
+    };
+    if (slice->local_memh != NULL) {
+        /* The local buffer is registered: UCX skips its own lookup (and any
+         * registration) for it. */
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        param.memh = ferry_ucx_memh(slice->local_memh);
+    }
+    atomic_fetch_add(&group->pending, 1);
+    ucs_status_ptr_t request =
+        slice->opcode == FERRY_OP_WRITE
+            ? ucp_put_nbx(group->ep->ep, slice->local, slice->length, slice->remote_addr, rkey,
+                          &param)
+            : ucp_get_nbx(group->ep->ep, slice->local, slice->length, slice->remote_addr, rkey,
+                          &param);
+    return track(group, request);
+}
+
+/* Wake a sleeping hybrid progress thread, so that it polls while the
+ * operations are in flight instead of waking only when they completed. */
+static void kick_progress(ferry_ucx_worker_t *w)
+{
+    if (w->ucx->progress_mode != FERRY_UCX_PROGRESS_HYBRID)
+        return;
+    atomic_store_explicit(&w->last_activity_us, ferry_ucx_time_us(), memory_order_relaxed);
+    if (atomic_load(&w->sleeping))
+        ucp_worker_signal(w->worker);
+}
+
+ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
+{
+    ferry_ucx_t *ucx = ctx;
+    if (slices == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
+        if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
+            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
+            return FERRY_ERR_INVALID_PARAM;
+    }
+    ferry_ucx_ep_t *ep;
+    ferry_status_t result = ferry_ucx_ep_get(ucx, peer, &ep);
+    if (result != FERRY_OK)
+        return result;
+
+    pthread_mutex_lock(&ep->lock);
+    if (ep->closed || atomic_load(&ep->failed) != 0) {
+        pthread_mutex_unlock(&ep->lock);
+        ferry_ucx_ep_unref(ep);
+        return FERRY_ERR_PEER_FAILED;
+    }
+    if (ep->n_rkeys > ucx->settings.rkey_cache && atomic_load(&ep->outstanding) == 0)
+        ferry_ucx_rkeys_flush(ep); /* nothing in flight uses one */
+    ferry_ucx_group_t *group = ferry_ucx_group_new(ep);
+    if (group == NULL) {
+        pthread_mutex_unlock(&ep->lock);
+        ferry_ucx_ep_unref(ep);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    const char *key = NULL;
+    ucp_rkey_h rkey = NULL;
+    ucs_status_t status = UCS_OK;
+    int posted = 0;
+    for (ferry_slice_t *s = slices; s != NULL && status == UCS_OK; s = s->next) {
+        if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
+            result = ferry_ucx_rkey_get(ep, s->remote_key, &rkey);
+            if (result != FERRY_OK)
+                break;
+            key = s->remote_key;
+        }
+        status = post_slice(group, s, rkey);
+        posted += status == UCS_OK;
+    }
+    if (posted == 0) {
+        /* Nothing went out: no slice is queued, the engine may retry. */
+        pthread_mutex_unlock(&ep->lock);
+        group_abandon(group);
+        ferry_ucx_ep_unref(ep);
+        return result != FERRY_OK ? result : ferry_ucx_status(status);
+    }
+    if (result != FERRY_OK) {
+        /* Later slices of this submit cannot go: they fail with the group. */
+        int expected = UCS_OK;
+        atomic_compare_exchange_strong(&group->status, &expected, (int)UCS_ERR_INVALID_PARAM);
+    }
+    group->slices = slices;
+    ferry_ucx_group_post_flush(group);
+    pthread_mutex_unlock(&ep->lock);
+    if (atomic_load(&group->pending) > 1)
+        kick_progress(ep->worker);
+    ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
+    ferry_ucx_ep_unref(ep);
+    return FERRY_OK;
+}
