@@ -39,7 +39,7 @@ static size_t local_size = 72 * MIB;
 static void start(const char *tls, const char *transports)
 {
     setenv("FERRY_TRANSPORTS", transports, 1);
-    setenv("FERRY_UCX_TIMEOUT", "1000", 1);
+    setenv("FERRY_UCX_TIMEOUT", "2000", 1); /* tight, yet above a loaded host's stalls */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
     if (tls != NULL)
         setenv("UCX_TLS", tls, 1);
@@ -272,7 +272,7 @@ static void check_failure_within_bound(const char *tls, int sig)
     pthread_join(thread, NULL);
     cr_assert_neq(status, FERRY_OK, "4 GiB cannot finish once the peer is gone");
     cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
-    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_UCX_TIMEOUT=1 s)", elapsed);
+    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_UCX_TIMEOUT=2 s)", elapsed);
     int failed = 0;
     for (int i = 0; i < N; i++) {
         ferry_xfer_status_t xs;

@@ -17,7 +17,7 @@
  *   wait: arms and sleeps whenever a progress call found nothing.
  *   poll: never sleeps (one core per worker; for dedicated cores only).
  * Sleeping threads wake for the next deadline sweep (TIMEOUT/4) while
- * requests are outstanding, else at least once a second.
+ * requests are outstanding, else every 100 ms.
  */
 #include "ucx.h"
 
@@ -203,7 +203,7 @@ static void *progress_main(void *arg)
             continue; /* events arrived meanwhile */
         int wait_ms = (int)(next_sweep > now_ms ? next_sweep - now_ms : 0);
         if (atomic_load(&w->busy) == 0)
-            wait_ms = 1000; /* nothing to time out; still look at the close queue */
+            wait_ms = 100; /* nothing to time out; bounds the cost of a missed wakeup */
         if (status != UCS_OK)
             wait_ms = 1; /* cannot arm: degrade to a slow poll rather than stall */
         struct pollfd pfd = {.fd = w->efd, .events = POLLIN};
