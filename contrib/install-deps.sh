@@ -6,8 +6,10 @@ what=${1:-test}
 packages="build-essential autoconf automake libtool pkg-config libjansson-dev"
 # metadata stores: etcd/http modules (libcurl), redis module, ferry_metad
 packages="$packages libcurl4-openssl-dev libhiredis-dev libmicrohttpd-dev"
+# transports: the UCX module
+packages="$packages libucx-dev"
 if [ "$what" = test ]; then
-    packages="$packages libcriterion-dev iperf3 libucx-dev"
+    packages="$packages libcriterion-dev iperf3"
     # servers the metadata tests start themselves, on free loopback ports
     packages="$packages etcd-server etcd-client redis-server"
 fi

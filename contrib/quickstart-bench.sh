@@ -8,6 +8,8 @@ contrib/install-deps.sh build
 [ -f Makefile ] || ./configure --quiet
 make -j"$(nproc)" --quiet
 export FERRY_RPC_ADDRESS=${FERRY_RPC_ADDRESS:-127.0.0.1}
+# Not installed yet: take the plugins built here (UCX when it was found).
+export FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$PWD/modules/.libs}
 for op in write read; do
     ./ferry_bench --spawn --operation=$op --block-size=4m --batch-size=16 --duration=3 "$@"
     ./ferry_bench --spawn --operation=$op --block-size=64k --batch-size=128 --duration=3 "$@"
