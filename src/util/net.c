@@ -182,6 +182,19 @@ static ferry_status_t io_error(ssize_t rc)
     return FERRY_ERR_PEER_FAILED;
 }
 
+void ferry_net_iov_advance(struct msghdr *msg, size_t sent)
+{
+    while (msg->msg_iovlen > 0 && sent >= msg->msg_iov->iov_len) {
+        sent -= msg->msg_iov->iov_len;
+        msg->msg_iov++;
+        msg->msg_iovlen--;
+    }
+    if (msg->msg_iovlen > 0) {
+        msg->msg_iov->iov_base = (char *)msg->msg_iov->iov_base + sent;
+        msg->msg_iov->iov_len -= sent;
+    }
+}
+
 ferry_status_t ferry_net_sendv_all(int fd, struct iovec *iov, int iovcnt)
 {
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -191,16 +204,7 @@ ferry_status_t ferry_net_sendv_all(int fd, struct iovec *iov, int iovcnt)
             continue;
         if (sent <= 0)
             return io_error(sent < 0 ? -1 : 0);
-        size_t left = (size_t)sent;
-        while (msg.msg_iovlen > 0 && left >= msg.msg_iov->iov_len) {
-            left -= msg.msg_iov->iov_len;
-            msg.msg_iov++;
-            msg.msg_iovlen--;
-        }
-        if (msg.msg_iovlen > 0) {
-            msg.msg_iov->iov_base = (char *)msg.msg_iov->iov_base + left;
-            msg.msg_iov->iov_len -= left;
-        }
+        ferry_net_iov_advance(&msg, (size_t)sent);
     }
     return FERRY_OK;
 }

@@ -42,6 +42,9 @@ void ferry_net_set_timeout(int fd, unsigned timeout_ms);
 ferry_status_t ferry_net_send_all(int fd, const void *buf, size_t len);
 ferry_status_t ferry_net_sendv_all(int fd, struct iovec *iov, int iovcnt);
 ferry_status_t ferry_net_recv_all(int fd, void *buf, size_t len);
+/* Drop `sent` bytes from the front of msg's iovec (after a partial sendmsg). */
+struct msghdr;
+void ferry_net_iov_advance(struct msghdr *msg, size_t sent);
 /* Address of this host that peers should use when none was configured. */
 void ferry_net_default_host(char *host, size_t len);
 

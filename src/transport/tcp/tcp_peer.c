@@ -240,16 +240,7 @@ static ferry_status_t conn_send(ferry_tcp_conn_t *conn, struct iovec *iov, int i
             continue;
         }
         atomic_store(&conn->last_activity_ms, ferry_time_ms());
-        size_t left = (size_t)sent;
-        while (msg.msg_iovlen > 0 && left >= msg.msg_iov->iov_len) {
-            left -= msg.msg_iov->iov_len;
-            msg.msg_iov++;
-            msg.msg_iovlen--;
-        }
-        if (msg.msg_iovlen > 0) {
-            msg.msg_iov->iov_base = (char *)msg.msg_iov->iov_base + left;
-            msg.msg_iov->iov_len -= left;
-        }
+        ferry_net_iov_advance(&msg, (size_t)sent);
     }
     return FERRY_OK;
 }
