@@ -28,9 +28,20 @@ int main(int argc, char **argv)
         printf("FAILED %s\n", ferry_status_string(status));
         return 1;
     }
+    /* FERRY_TEST_PEER_ALLOC=1: the arena is one ferry_alloc buffer, registered
+     * whole (reg/unreg inside it are refused as overlaps). */
+    const char *alloc = getenv("FERRY_TEST_PEER_ALLOC");
+    int allocated = alloc != NULL && strcmp(alloc, "1") == 0;
     unsigned char *arena = NULL;
-    if (posix_memalign((void **)&arena, 4096, arena_size) != 0)
+    if (allocated) {
+        status = ferry_alloc(engine, arena_size, "cpu", FERRY_REG_REMOTE, (void **)&arena);
+        if (status != FERRY_OK) {
+            printf("FAILED %s\n", ferry_status_string(status));
+            return 1;
+        }
+    } else if (posix_memalign((void **)&arena, 4096, arena_size) != 0) {
         return 1;
+    }
     memset(arena, 0, arena_size);
     printf("READY %s %" PRIxPTR " %zu\n", ferry_engine_segment_name(engine), (uintptr_t)arena,
            arena_size);
@@ -89,7 +100,10 @@ int main(int argc, char **argv)
             printf("ERR %d %s\n", (int)status, ferry_status_string(status));
         fflush(stdout);
     }
+    if (allocated)
+        ferry_free(engine, arena);
     ferry_engine_destroy(engine);
-    free(arena);
+    if (!allocated)
+        free(arena);
     return 0;
 }

@@ -83,13 +83,18 @@ static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h seg
 }
 
 /* Write then read back sizes 1 B .. 64 MiB at unaligned offsets, bytes
- * checked on both sides; the local buffer registered or not. */
-static void put_get_sizes(void)
+ * checked on both sides; the local buffer registered or not.  allocated:
+ * the peer's memory comes from ferry_alloc (UCX-mapped, attached by same-host
+ * peers) instead of being registered user memory. */
+static void put_get_sizes(int allocated)
 {
     peer_process_t peer;
     ferry_segment_h segment;
-    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
-    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 70 * MIB), "OK");
+    static const char *const alloc_env[] = {"FERRY_TEST_PEER_ALLOC=1", NULL};
+    cr_assert_eq(peer_start(&peer, allocated ? alloc_env : NULL), 0,
+                 "test peer did not start");
+    if (!allocated)
+        cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 70 * MIB), "OK");
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
 
@@ -157,14 +162,28 @@ Test(ucx, put_get_over_shared_memory_1B_to_64MiB)
     /* require: the endpoint must use a shared-memory lane, or ucx refuses it */
     setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
     start("sm,self", "ucx");
-    put_get_sizes();
+    put_get_sizes(0);
+}
+
+Test(ucx, put_get_into_ferry_alloc_memory_over_shared_memory)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
+    start("sm,self", "ucx");
+    put_get_sizes(1);
 }
 
 Test(ucx, put_get_over_tcp_1B_to_64MiB)
 {
     setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
     start("tcp", "ucx");
-    put_get_sizes();
+    put_get_sizes(0);
+}
+
+Test(ucx, put_get_into_ferry_alloc_memory_over_tcp)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    start("tcp", "ucx");
+    put_get_sizes(1);
 }
 
 Test(ucx, several_workers_on_both_sides)

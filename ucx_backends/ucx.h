@@ -223,12 +223,18 @@ ferry_status_t ferry_ucx_status(ucs_status_t status);
 ferry_status_t ferry_ucx_config_read(ucp_config_t **config_p);
 ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx);
 void ferry_ucx_context_stop(ferry_ucx_t *ucx);
+/* The transport's progress op: the caller's thread progresses every worker
+ * that has requests of ours in flight. */
+unsigned ferry_ucx_progress(void *ctx);
 /* What ferry_info prints: version and the transports this host offers. */
 void ferry_ucx_print_info(FILE *out);
 
 /* ---- ucx_mem.c ---- */
 ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
                                       char **key_p, void **memh_p);
+/* The transport's mem_alloc op: ucp_mem_map(UCP_MEM_MAP_ALLOCATE). */
+ferry_status_t ferry_ucx_mem_alloc(void *ctx, size_t length, const char *location, void **addr_p,
+                                   char **key_p, void **memh_p);
 void ferry_ucx_mem_deregister(void *ctx, void *memh);
 ucp_mem_h ferry_ucx_memh(const void *memh);
 char *ferry_ucx_base64_encode(const void *data, size_t length);

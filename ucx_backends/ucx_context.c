@@ -163,6 +163,19 @@ static ferry_status_t context_create(unsigned workers, ucp_context_h *context_p,
 
 /* ---------------- progress threads ---------------- */
 
+unsigned ferry_ucx_progress(void *ctx)
+{
+    ferry_ucx_t *ucx = ctx;
+    unsigned events = 0;
+    for (unsigned i = 0; i < ucx->n_workers; i++) {
+        ferry_ucx_worker_t *w = &ucx->workers[i];
+        /* An idle worker is left to its thread: no lock taken, no contention. */
+        if (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0)
+            events += ucp_worker_progress(w->worker);
+    }
+    return events;
+}
+
 static void *progress_main(void *arg)
 {
     ferry_ucx_worker_t *w = arg;

@@ -113,42 +113,42 @@ static int location_memory_type(const char *location, ucs_memory_type_t *type_p)
     return 0;
 }
 
-ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
-                                      char **key_p, void **memh_p)
+/* ucp_mem_map with params, then the packed rkey as base64.  *memh_p stays
+ * NULL (and FERRY_OK is returned) when UCX cannot map that memory. */
+static ferry_status_t map_and_pack(ferry_ucx_t *ucx, ucp_mem_map_params_t *params,
+                                   const char *location, char **key_p, void **memh_p)
 {
-    ferry_ucx_t *ucx = ctx;
     *key_p = NULL;
     *memh_p = NULL;
     ferry_ucx_memh_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return FERRY_ERR_NO_MEMORY;
-    ucp_mem_map_params_t params = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = addr,
-        .length = length,
-    };
     ucs_memory_type_t type;
     if (location_memory_type(location, &type)) {
-        params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-        params.memory_type = type;
+        params->field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        params->memory_type = type;
     } /* else UCX detects the memory type itself */
-    ucs_status_t status = ucp_mem_map(ucx->context, &params, &m->memh);
+    ucs_status_t status = ucp_mem_map(ucx->context, params, &m->memh);
     if (status != UCS_OK) {
         /* No key means "ucx does not reach this buffer": the engine picks
          * another transport for it instead of refusing the registration. */
         static atomic_int warned;
         if (atomic_exchange(&warned, 1) == 0)
             ferry_warn("ucx: cannot map [%p, +%zu) at %s: %s; ucx will not serve such "
-                       "buffers (is UCX built with support for that memory?)", addr, length,
-                       location ? location : "cpu", ucs_status_string(status));
+                       "buffers (is UCX built with support for that memory?)", params->address,
+                       params->length, location ? location : "cpu", ucs_status_string(status));
         free(m);
         return FERRY_OK;
     }
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    status = ucp_mem_query(m->memh, &attr);
+    m->addr = status == UCS_OK ? attr.address : params->address;
+    m->length = status == UCS_OK ? attr.length : params->length;
     void *packed;
     size_t packed_size;
     status = ucp_rkey_pack(ucx->context, m->memh, &packed, &packed_size);
     if (status != UCS_OK) {
-        ferry_error("ucx: ucp_rkey_pack of [%p, +%zu) failed: %s", addr, length,
+        ferry_error("ucx: ucp_rkey_pack of [%p, +%zu) failed: %s", m->addr, m->length,
                     ucs_status_string(status));
         ucp_mem_unmap(ucx->context, m->memh);
         free(m);
@@ -163,9 +163,44 @@ ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, cons
         free(m);
         return FERRY_ERR_NO_MEMORY;
     }
-    m->addr = addr;
-    m->length = length;
     *memh_p = m;
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
+                                      char **key_p, void **memh_p)
+{
+    ucp_mem_map_params_t params = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = addr,
+        .length = length,
+    };
+    return map_and_pack(ctx, &params, location, key_p, memh_p);
+}
+
+/* Memory UCX allocates can be reached in ways user memory cannot: on one
+ * host, posix shared memory that peers map and write with plain stores
+ * (rkey_ptr), where registered user memory goes through UCX's RMA emulation
+ * over the shared-memory FIFOs. */
+ferry_status_t ferry_ucx_mem_alloc(void *ctx, size_t length, const char *location, void **addr_p,
+                                   char **key_p, void **memh_p)
+{
+    ucs_memory_type_t type;
+    if (!location_memory_type(location, &type))
+        return FERRY_ERR_UNSUPPORTED; /* nothing to detect a type from */
+    ucp_mem_map_params_t params = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL,
+        .length = length,
+        .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    ferry_status_t status = map_and_pack(ctx, &params, location, key_p, memh_p);
+    if (status == FERRY_OK && *memh_p == NULL)
+        status = FERRY_ERR_UNSUPPORTED;
+    if (status != FERRY_OK)
+        return status;
+    *addr_p = ((ferry_ucx_memh_t *)*memh_p)->addr;
     return FERRY_OK;
 }
 

@@ -88,6 +88,23 @@ FERRY_API ferry_status_t ferry_register_batch(ferry_engine_h engine, const ferry
 FERRY_API ferry_status_t ferry_unregister(ferry_engine_h engine, void *addr);
 FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
 
+/*
+ * Allocate length bytes that peers reach best and register them (flags as
+ * for ferry_register).  The memory comes from the highest-priority transport
+ * that provides memory at that location (location NULL = "cpu"): with ucx,
+ * memory UCX maps itself, which a same-host peer attaches and writes with
+ * plain stores instead of UCX's emulated RMA on registered user memory;
+ * without such a transport, page-aligned heap memory.  *addr_p is the
+ * segment address peers use.  Release with ferry_free (ferry_unregister
+ * refuses to drop its last registration); ferry_engine_destroy frees what
+ * is left.
+ */
+FERRY_API ferry_status_t ferry_alloc(ferry_engine_h engine, size_t length, const char *location,
+                                     unsigned flags, void **addr_p);
+/* Unregister (waiting for transfers, telling peers) and release memory from
+ * ferry_alloc.  FERRY_ERR_BUSY while it is registered again on top. */
+FERRY_API ferry_status_t ferry_free(ferry_engine_h engine, void *addr);
+
 FERRY_API ferry_status_t ferry_segment_open(ferry_engine_h engine, const char *name,
                                   ferry_segment_h *segment_p);
 FERRY_API ferry_status_t ferry_segment_close(ferry_engine_h engine, ferry_segment_h segment);

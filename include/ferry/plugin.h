@@ -147,7 +147,26 @@ typedef struct ferry_transport_ops {
      * or the transport's bound passed.  NULL: the engine uses its RPC. */
     ferry_status_t (*notify)(void *ctx, const ferry_peer_t *peer, const char *from,
                              const void *msg, size_t length);
+    /* Optional: advance this transport's requests on the calling thread and
+     * return how many events that completed.  ferry_batch_wait calls it in a
+     * loop for FERRY_WAIT_SPIN microseconds before it sleeps, so a request
+     * can finish without a handoff from the transport's own thread.  Any
+     * thread, concurrently; cheap when nothing is in flight. */
+    unsigned (*progress)(void *ctx);
+    /* Optional: allocate length bytes of the memory this transport reaches
+     * best (UCX: memory UCX maps itself, which same-host peers attach; CXL:
+     * the shared window), registered with this transport as mem_register
+     * would; mem_deregister(memh) releases it.  FERRY_ERR_UNSUPPORTED: this
+     * transport has no such memory for that location. */
+    ferry_status_t (*mem_alloc)(void *ctx, size_t length, const char *location, void **addr_p,
+                                char **key_p, void **memh_p);
 } ferry_transport_ops_t;
+
+/* Whether a transport's ops table (maybe of an older plugin, hence shorter)
+ * has the optional member. */
+#define FERRY_TRANSPORT_OPS_HAS(ops, member)                                             \
+    ((ops)->size >= offsetof(ferry_transport_ops_t, member) + sizeof((ops)->member) &&   \
+     (ops)->member != NULL)
 
 /* ferry_plugin_t.flags */
 enum {

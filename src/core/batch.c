@@ -27,7 +27,8 @@ typedef struct request_state {
     int transport;                      /* engine transport index, -1: local copy */
     int desc_transport;                 /* index in desc->transports */
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
-    ferry_slice_t *slices;
+    ferry_slice_t *slices;              /* kept across submits of this slot */
+    size_t slices_cap;
 } request_state_t;
 
 struct ferry_batch {
@@ -40,6 +41,7 @@ struct ferry_batch {
     pthread_mutex_t submit_lock;/* used, requests[] setup, notify fields */
     pthread_mutex_t lock;       /* with done: waiting for pending == 0 */
     pthread_cond_t done;
+    atomic_uint sleepers;       /* threads in ferry_batch_wait that may sleep on done */
     ferry_descriptor_t *notify_desc; /* attached notify, sent once the batch completes */
     void *notify_msg;
     size_t notify_length;
@@ -53,6 +55,8 @@ static const char *transport_name(const ferry_engine_t *engine, int transport)
 
 static void batch_wake(ferry_batch_t *batch)
 {
+    if (atomic_load(&batch->sleepers) == 0)
+        return; /* nobody sleeps in ferry_batch_wait: no lock, no syscall */
     pthread_mutex_lock(&batch->lock);
     pthread_cond_broadcast(&batch->done);
     pthread_mutex_unlock(&batch->lock);
@@ -181,7 +185,11 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req)
 {
     ferry_engine_t *engine = batch->engine;
+    ferry_slice_t *slices = req->slices;
+    size_t slices_cap = req->slices_cap;
     memset(req, 0, sizeof(*req));
+    req->slices = slices;
+    req->slices_cap = slices_cap;
     req->batch = batch;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
         in->length == 0 || in->target_offset + in->length < in->target_offset) {
@@ -217,10 +225,8 @@ static void request_release(ferry_engine_t *engine, request_state_t *req)
         ferry_registry_release(&engine->registry, req->local_entry);
     if (req->desc)
         ferry_descriptor_unref(req->desc);
-    free(req->slices);
     req->local_entry = NULL;
     req->desc = NULL;
-    req->slices = NULL;
 }
 
 /* Our own segment: a bounds-checked copy, done now. */
@@ -245,17 +251,21 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
         request_fail(req, status);
 }
 
-static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
+/* Cut the request into its transport's slices, linked by next. */
+static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
     ferry_transport_instance_t *tp = &engine->transports[req->transport];
     size_t slice_size = tp->ops->slice_size ? tp->ops->slice_size(tp->ctx) : 0;
     if (slice_size == 0)
         slice_size = req->length;
     size_t count = (req->length + slice_size - 1) / slice_size;
-    free(req->slices);
-    req->slices = calloc(count, sizeof(*req->slices));
-    if (req->slices == NULL)
-        return FERRY_ERR_NO_MEMORY;
+    if (count > req->slices_cap) {
+        ferry_slice_t *grown = realloc(req->slices, count * sizeof(*grown));
+        if (grown == NULL)
+            return FERRY_ERR_NO_MEMORY;
+        req->slices = grown;
+        req->slices_cap = count;
+    }
     const char *key = req->buffer->keys[req->desc_transport];
     void *memh = req->local_entry ? req->local_entry->memh[req->transport] : NULL;
     for (size_t i = 0, offset = 0; i < count; i++, offset += slice_size) {
@@ -270,9 +280,26 @@ static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
         slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
     }
     atomic_store(&req->slices_left, count);
+    return FERRY_OK;
+}
+
+static ferry_slice_t *last_slice(request_state_t *req)
+{
+    ferry_slice_t *slice = req->slices;
+    while (slice->next != NULL)
+        slice = slice->next;
+    return slice;
+}
+
+static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
+{
+    ferry_status_t status = prepare_slices(engine, req);
+    if (status != FERRY_OK)
+        return status;
+    ferry_transport_instance_t *tp = &engine->transports[req->transport];
     ferry_peer_t peer;
     ferry_engine_make_peer(engine, req->desc, req->desc_transport, &peer);
-    ferry_status_t status = tp->ops->submit(tp->ctx, &peer, req->slices);
+    status = tp->ops->submit(tp->ctx, &peer, req->slices);
     if (status == FERRY_OK)
         atomic_fetch_add(&tp->requests_served, 1);
     return status;
@@ -306,6 +333,55 @@ static void launch(ferry_engine_t *engine, request_state_t *req)
                     req->segment->name, (unsigned long long)req->remote_addr, req->length,
                     ferry_status_string(status));
         request_fail(req, status);
+    }
+}
+
+/* Consecutive requests to the same peer through the same transport go to
+ * the transport in one submit: one connection lookup, one completion group
+ * and one flush for the run instead of one per request.  A run the
+ * transport refuses as a whole takes the one-by-one path (with its
+ * refresh-and-retry). */
+static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
+{
+    size_t prepared = 0;
+    ferry_status_t status = FERRY_OK;
+    for (; prepared < n && status == FERRY_OK; prepared++) {
+        atomic_store(&reqs[prepared].state, FERRY_XFER_PENDING);
+        status = prepare_slices(engine, &reqs[prepared]);
+        if (status == FERRY_OK && prepared > 0)
+            last_slice(&reqs[prepared - 1])->next = reqs[prepared].slices;
+    }
+    if (status == FERRY_OK) {
+        ferry_transport_instance_t *tp = &engine->transports[reqs[0].transport];
+        ferry_peer_t peer;
+        ferry_engine_make_peer(engine, reqs[0].desc, reqs[0].desc_transport, &peer);
+        status = tp->ops->submit(tp->ctx, &peer, reqs[0].slices);
+        if (status == FERRY_OK) {
+            atomic_fetch_add(&tp->requests_served, n);
+            return; /* the slices are the transport's now: reqs may finish any time */
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        launch(engine, &reqs[i]);
+}
+
+static int same_route(const request_state_t *a, const request_state_t *b)
+{
+    return a->transport >= 0 && a->transport == b->transport && a->desc == b->desc &&
+           a->desc_transport == b->desc_transport;
+}
+
+static void launch_all(ferry_engine_t *engine, request_state_t *reqs, size_t count)
+{
+    for (size_t i = 0; i < count;) {
+        size_t n = 1;
+        while (i + n < count && same_route(&reqs[i], &reqs[i + n]))
+            n++;
+        if (n == 1)
+            launch(engine, &reqs[i]);
+        else
+            launch_run(engine, &reqs[i], n);
+        i += n;
     }
 }
 
@@ -381,8 +457,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     }
     atomic_fetch_add(&batch->pending, count);
     batch->used += count;
-    for (size_t i = 0; i < count; i++)
-        launch(engine, &reqs[i]);
+    launch_all(engine, reqs, count);
 out_unlock:
     pthread_mutex_unlock(&batch->submit_lock);
     return status;
@@ -426,6 +501,30 @@ static ferry_status_t send_attached_notify(ferry_batch_t *batch)
     return status;
 }
 
+static uint64_t monotonic_us(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+}
+
+/* Before sleeping, poll the transports that can progress on our thread: a
+ * short request then completes here, without the wakeup of a handoff from
+ * the transport's thread (tens of microseconds on a busy host). */
+static void drive_progress(ferry_batch_t *batch, int timeout_ms)
+{
+    ferry_engine_t *engine = batch->engine;
+    uint64_t spin_us = engine->settings.wait_spin_us;
+    if (engine->n_progress == 0 || spin_us == 0)
+        return;
+    if (timeout_ms >= 0 && spin_us > (uint64_t)timeout_ms * 1000u)
+        spin_us = (uint64_t)timeout_ms * 1000u;
+    uint64_t start = monotonic_us();
+    while (atomic_load(&batch->pending) > 0 && monotonic_us() - start < spin_us)
+        for (size_t i = 0; i < engine->n_progress; i++)
+            engine->progress[i]->ops->progress(engine->progress[i]->ctx);
+}
+
 ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
 {
     ferry_batch_t *batch = batch_lookup(handle);
@@ -439,17 +538,26 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
-    pthread_mutex_lock(&batch->lock);
-    while (atomic_load(&batch->pending) > 0) {
-        if (timeout_ms < 0) {
-            pthread_cond_wait(&batch->done, &batch->lock);
-        } else if (pthread_cond_timedwait(&batch->done, &batch->lock, &deadline) == ETIMEDOUT &&
-                   atomic_load(&batch->pending) > 0) {
-            pthread_mutex_unlock(&batch->lock);
-            return FERRY_ERR_TIMEOUT;
+    drive_progress(batch, timeout_ms);
+    if (atomic_load(&batch->pending) > 0) {
+        pthread_mutex_lock(&batch->lock);
+        /* Count ourselves before looking at pending: a finisher either sees
+         * us (and wakes us) or we see its pending == 0 (batch_wake). */
+        atomic_fetch_add(&batch->sleepers, 1);
+        int timed_out = 0;
+        while (atomic_load(&batch->pending) > 0 && !timed_out) {
+            if (timeout_ms < 0)
+                pthread_cond_wait(&batch->done, &batch->lock);
+            else
+                timed_out = pthread_cond_timedwait(&batch->done, &batch->lock, &deadline) ==
+                                ETIMEDOUT &&
+                            atomic_load(&batch->pending) > 0;
         }
+        atomic_fetch_sub(&batch->sleepers, 1);
+        pthread_mutex_unlock(&batch->lock);
+        if (timed_out)
+            return FERRY_ERR_TIMEOUT;
     }
-    pthread_mutex_unlock(&batch->lock);
 
     ferry_status_t result = FERRY_OK;
     pthread_mutex_lock(&batch->submit_lock);
@@ -501,6 +609,8 @@ static void batch_free(ferry_batch_t *batch)
     ferry_handle_free(batch->handle);
     for (size_t i = 0; i < batch->used; i++)
         request_release(batch->engine, &batch->requests[i]);
+    for (size_t i = 0; i < batch->max; i++)
+        free(batch->requests[i].slices);
     if (batch->notify_desc)
         ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);

@@ -40,7 +40,12 @@ typedef struct ferry_reg_entry {
     atomic_int dying;           /* unregister started: no new accesses */
     void *memh[FERRY_MAX_TRANSPORTS];
     char *keys[FERRY_MAX_TRANSPORTS];
+    /* ferry_alloc memory: the transport that allocated it (its memh frees
+     * it, after every other transport let go), or FERRY_ALLOC_HEAP. */
+    int allocated;
+    int alloc_transport;
 } ferry_reg_entry_t;
+#define FERRY_ALLOC_HEAP (-1)
 
 /*
  * Entries sorted by address.  `lock` (rwlock) protects entries/count:
@@ -191,6 +196,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_timeout_ms;
     size_t rpc_max_frame;
     unsigned invalidate_timeout_ms;
+    unsigned wait_spin_us;
 } ferry_engine_settings_t;
 
 struct ferry_engine {
@@ -209,6 +215,8 @@ struct ferry_engine {
 
     size_t n_transports;
     ferry_transport_instance_t transports[FERRY_MAX_TRANSPORTS];
+    size_t n_progress;          /* transports with a progress op, in progress[] */
+    ferry_transport_instance_t *progress[FERRY_MAX_TRANSPORTS];
 
     const ferry_plugin_t *metadata_plugin;
     const ferry_metadata_ops_t *metadata;

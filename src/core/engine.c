@@ -34,6 +34,9 @@ static const ferry_setting_t engine_settings[] = {
             FERRY_SETTING_SIZE),
     SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for each peer to "
             "acknowledge an invalidation", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("WAIT_SPIN", "50", "microseconds ferry_batch_wait drives the transports' progress on "
+            "the calling thread before it sleeps (0: sleep at once)", wait_spin_us,
+            FERRY_SETTING_UINT),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -302,6 +305,9 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     status = start_transports(engine);
     if (status != FERRY_OK)
         goto err_destroy;
+    for (size_t i = 0; i < engine->n_transports; i++)
+        if (FERRY_TRANSPORT_OPS_HAS(engine->transports[i].ops, progress))
+            engine->progress[engine->n_progress++] = &engine->transports[i];
     engine->handle = ferry_handle_alloc(FERRY_HANDLE_ENGINE, engine, NULL);
     if (engine->handle == 0) {
         status = FERRY_ERR_NO_RESOURCE;

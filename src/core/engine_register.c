@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static unsigned normalize_flags(unsigned flags)
 {
@@ -16,20 +17,35 @@ static unsigned normalize_flags(unsigned flags)
     return flags;
 }
 
+/* The allocating transport (ferry_alloc) lets go last: its memh frees the
+ * memory the others still describe. */
 static void transports_deregister(ferry_engine_t *engine, ferry_reg_entry_t *entry)
 {
+    int owner = entry->allocated ? entry->alloc_transport : FERRY_ALLOC_HEAP;
     for (size_t i = 0; i < engine->n_transports; i++) {
-        if (entry->memh[i] != NULL)
+        if (entry->memh[i] != NULL && (int)i != owner)
             engine->transports[i].ops->mem_deregister(engine->transports[i].ctx,
                                                       entry->memh[i]);
-        entry->memh[i] = NULL;
+        if ((int)i != owner)
+            entry->memh[i] = NULL;
     }
+    if (owner >= 0) {
+        engine->transports[owner].ops->mem_deregister(engine->transports[owner].ctx,
+                                                      entry->memh[owner]);
+        entry->memh[owner] = NULL;
+    } else if (entry->allocated) {
+        free((void *)entry->addr);
+    }
+    entry->allocated = 0;
 }
 
+/* Every transport but the one that allocated the range (already done). */
 static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entry_t *entry)
 {
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
+        if (entry->allocated && (int)i == entry->alloc_transport)
+            continue;
         ferry_status_t status = tp->ops->mem_register(tp->ctx, (void *)entry->addr,
                                                       entry->length, entry->location,
                                                       &entry->keys[i], &entry->memh[i]);
@@ -37,7 +53,6 @@ static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entr
             ferry_error("transport %s cannot register [%p, +%zu) at %s: %s", tp->plugin->name,
                         (void *)entry->addr, entry->length, entry->location,
                         ferry_status_string(status));
-            transports_deregister(engine, entry);
             return status;
         }
     }
@@ -138,6 +153,96 @@ ferry_status_t ferry_register(ferry_engine_h handle, void *addr, size_t length,
     return ferry_register_batch(handle, &region, 1, flags);
 }
 
+/* Memory from the first transport (highest priority) that allocates for
+ * that location, else page-aligned heap memory for the host. */
+static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
+                                     const char *location, unsigned flags,
+                                     ferry_reg_entry_t **entry_p)
+{
+    ferry_reg_entry_t *entry = ferry_reg_entry_new(0, length, location, flags);
+    *entry_p = entry;
+    if (entry == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    entry->allocated = 1;
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (!FERRY_TRANSPORT_OPS_HAS(tp->ops, mem_alloc))
+            continue;
+        void *addr = NULL;
+        ferry_status_t status = tp->ops->mem_alloc(tp->ctx, length, entry->location, &addr,
+                                                   &entry->keys[i], &entry->memh[i]);
+        if (status == FERRY_OK) {
+            entry->addr = (uintptr_t)addr;
+            entry->alloc_transport = (int)i;
+            return FERRY_OK;
+        }
+        free(entry->keys[i]);
+        entry->keys[i] = NULL;
+        entry->memh[i] = NULL;
+        if (status != FERRY_ERR_UNSUPPORTED)
+            ferry_warn("transport %s cannot allocate %zu bytes at %s: %s", tp->plugin->name,
+                       length, entry->location, ferry_status_string(status));
+    }
+    ferry_status_t status = FERRY_ERR_UNSUPPORTED;
+    void *addr = NULL;
+    if (strncmp(entry->location, "cpu", 3) == 0) {
+        status = posix_memalign(&addr, (size_t)sysconf(_SC_PAGESIZE), length) == 0
+                     ? FERRY_OK
+                     : FERRY_ERR_NO_MEMORY;
+    }
+    if (status == FERRY_OK) {
+        entry->addr = (uintptr_t)addr;
+        entry->alloc_transport = FERRY_ALLOC_HEAP;
+        return FERRY_OK;
+    }
+    if (status == FERRY_ERR_UNSUPPORTED)
+        ferry_error("allocate %zu bytes at %s: no transport provides such memory", length,
+                    entry->location);
+    else
+        ferry_error("allocate %zu bytes at %s: out of memory", length, entry->location);
+    entry->allocated = 0;
+    ferry_reg_entry_free(entry);
+    *entry_p = NULL;
+    return status;
+}
+
+ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *location,
+                           unsigned flags, void **addr_p)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (addr_p == NULL || length == 0)
+        return FERRY_ERR_INVALID_PARAM;
+    *addr_p = NULL;
+    flags = normalize_flags(flags);
+    ferry_reg_entry_t *entry;
+    ferry_status_t status = allocate_entry(engine, length, location, flags & FERRY_REG_REMOTE,
+                                           &entry);
+    if (status != FERRY_OK)
+        return status;
+    pthread_mutex_lock(&engine->register_lock);
+    entry->epoch = ++engine->register_epoch;
+    status = transports_register(engine, entry);
+    if (status == FERRY_OK)
+        status = ferry_registry_insert(&engine->registry, entry);
+    if (status != FERRY_OK) {
+        pthread_mutex_unlock(&engine->register_lock);
+        transports_deregister(engine, entry);
+        ferry_reg_entry_free(entry);
+        return status;
+    }
+    if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
+        ferry_status_t published = ferry_engine_publish_locked(engine);
+        if (published != FERRY_OK)
+            ferry_warn("allocated, but publishing segment %s failed: %s", engine->name,
+                       ferry_status_string(published));
+    }
+    *addr_p = (void *)entry->addr;
+    pthread_mutex_unlock(&engine->register_lock);
+    return FERRY_OK;
+}
+
 static void invalidate_peers(ferry_engine_t *engine)
 {
     ferry_wire_writer_t writer = {0};
@@ -175,28 +280,55 @@ static void invalidate_peers(ferry_engine_t *engine)
     free(writer.data);
 }
 
-ferry_status_t ferry_unregister(ferry_engine_h handle, void *addr)
+/* ferry_unregister (freeing 0) and ferry_free (freeing 1): the same steps,
+ * with the rule that ferry_alloc memory leaves only through ferry_free. */
+static ferry_status_t release_range(ferry_engine_h handle, void *addr, int freeing)
 {
     ferry_engine_t *engine = ferry_engine_lookup(handle);
     if (engine == NULL)
         return FERRY_ERR_INVALID_HANDLE;
+    const char *call = freeing ? "free" : "unregister";
     pthread_mutex_lock(&engine->register_lock);
     ferry_reg_entry_t *entry = ferry_registry_find_start(&engine->registry, (uintptr_t)addr);
+    ferry_status_t status = FERRY_OK;
     if (entry == NULL) {
+        ferry_error("%s %p: no registered range starts there", call, addr);
+        status = FERRY_ERR_NOT_REGISTERED;
+    } else if (freeing && !entry->allocated) {
+        ferry_error("free %p: not memory from ferry_alloc (use ferry_unregister)", addr);
+        status = FERRY_ERR_INVALID_PARAM;
+    } else if (freeing && entry->refs > 1) {
+        ferry_error("free %p: still registered %u more time(s); unregister those first", addr,
+                    entry->refs - 1);
+        status = FERRY_ERR_BUSY;
+    } else if (!freeing && entry->allocated && entry->refs == 1) {
+        ferry_error("unregister %p: memory from ferry_alloc; release it with ferry_free", addr);
+        status = FERRY_ERR_INVALID_PARAM;
+    }
+    if (status != FERRY_OK) {
         pthread_mutex_unlock(&engine->register_lock);
-        ferry_error("unregister %p: no registered range starts there", addr);
-        return FERRY_ERR_NOT_REGISTERED;
+        return status;
     }
     int last = entry->refs == 1;
     unregister_one(engine, entry);
-    ferry_status_t status = last ? ferry_engine_publish_locked(engine) : FERRY_OK;
+    status = last ? ferry_engine_publish_locked(engine) : FERRY_OK;
     pthread_mutex_unlock(&engine->register_lock);
     if (last)
         invalidate_peers(engine);
     if (status != FERRY_OK)
-        ferry_warn("unregistered, but publishing segment %s failed: %s", engine->name,
+        ferry_warn("%s done, but publishing segment %s failed: %s", call, engine->name,
                    ferry_status_string(status));
     return FERRY_OK;
+}
+
+ferry_status_t ferry_unregister(ferry_engine_h handle, void *addr)
+{
+    return release_range(handle, addr, 0);
+}
+
+ferry_status_t ferry_free(ferry_engine_h handle, void *addr)
+{
+    return release_range(handle, addr, 1);
 }
 
 ferry_status_t ferry_publish(ferry_engine_h handle)

@@ -149,7 +149,7 @@ static int notify_transport(ferry_engine_t *engine, const ferry_descriptor_t *de
     int same_host = strcmp(desc->host_id, engine->host_id) == 0;
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
-        if (tp->ops->notify == NULL ||
+        if (!FERRY_TRANSPORT_OPS_HAS(tp->ops, notify) ||
             ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) && !same_host))
             continue;
         if ((*j_p = ferry_descriptor_transport_index(desc, tp->plugin->name)) >= 0)

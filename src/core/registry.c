@@ -40,6 +40,7 @@ ferry_reg_entry_t *ferry_reg_entry_new(uintptr_t addr, size_t length, const char
     entry->length = length;
     entry->flags = flags;
     entry->refs = 1;
+    entry->alloc_transport = FERRY_ALLOC_HEAP;
     return entry;
 }
 

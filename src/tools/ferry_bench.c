@@ -37,6 +37,7 @@ typedef struct options {
     int verify;
     int spawn;
     int latency;
+    int heap;           /* --memory=heap: posix_memalign + ferry_register */
 } options_t;
 
 typedef struct thread_ctx {
@@ -110,6 +111,9 @@ static void usage(FILE *out)
         "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
         "                        most 64m; blocks wrap around it)\n"
         "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
+        "  --memory=KIND         ferry (default): buffers from ferry_alloc, the memory the\n"
+        "                        transports reach best; heap: malloc-ed memory registered\n"
+        "                        with ferry_register (both sides)\n"
         "  --verify              check every byte moved (throughput then means little)\n"
         "  --latency             one request per batch, timed from submit to completion\n"
         "                        (a write completes once in the target's memory); prints\n"
@@ -128,7 +132,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"threads", required_argument, NULL, 't'},   {"duration", required_argument, NULL, 'd'},
         {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
         {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
-        {"latency", no_argument, NULL, 'L'},
+        {"latency", no_argument, NULL, 'L'},          {"memory", required_argument, NULL, 'A'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -144,6 +148,13 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'v': o->verify = 1; break;
         case 'L': o->latency = 1; break;
         case 'P': o->spawn = 1; break;
+        case 'A':
+            if (strcmp(optarg, "ferry") && strcmp(optarg, "heap")) {
+                fprintf(stderr, "ferry_bench: --memory is ferry or heap, not %s\n", optarg);
+                return -1;
+            }
+            o->heap = strcmp(optarg, "heap") == 0;
+            break;
         case 'o':
             if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
                 fprintf(stderr, "ferry_bench: --operation is read or write, not %s\n", optarg);
@@ -229,14 +240,35 @@ static int make_engine(const options_t *o, ferry_engine_h *engine_p)
     return 0;
 }
 
-static unsigned char *alloc_buffer(size_t size)
+/* A registered buffer of size bytes, from ferry_alloc or from the heap. */
+static unsigned char *buffer_acquire(const options_t *o, ferry_engine_h engine, size_t size)
 {
     void *p = NULL;
-    if (posix_memalign(&p, 4096, size) != 0) {
-        fprintf(stderr, "ferry_bench: cannot allocate %zu bytes\n", size);
+    ferry_status_t status;
+    if (!o->heap) {
+        status = ferry_alloc(engine, size, "cpu", FERRY_REG_REMOTE, &p);
+    } else if (posix_memalign(&p, 4096, size) != 0) {
+        p = NULL;
+        status = FERRY_ERR_NO_MEMORY;
+    } else if ((status = ferry_register(engine, p, size, "cpu", FERRY_REG_REMOTE)) != FERRY_OK) {
+        free(p);
+    }
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: cannot get a registered buffer of %zu bytes: %s\n", size,
+                ferry_status_string(status));
         return NULL;
     }
     return p;
+}
+
+static void buffer_release(const options_t *o, ferry_engine_h engine, unsigned char *buffer)
+{
+    if (!o->heap) {
+        ferry_free(engine, buffer);
+    } else {
+        ferry_unregister(engine, buffer);
+        free(buffer);
+    }
 }
 
 static int run_target(const options_t *o)
@@ -245,16 +277,13 @@ static int run_target(const options_t *o)
     if (make_engine(o, &engine))
         return 1;
     size_t total = o->buffer_size * o->threads;
-    unsigned char *buffer = alloc_buffer(total);
-    if (buffer == NULL)
-        return 1;
-    for (size_t i = 0; i < total; i++)
-        buffer[i] = pattern(i % o->buffer_size, 0);
-    ferry_status_t status = ferry_register(engine, buffer, total, "cpu", FERRY_REG_REMOTE);
-    if (status != FERRY_OK) {
-        fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
+    unsigned char *buffer = buffer_acquire(o, engine, total);
+    if (buffer == NULL) {
+        ferry_engine_destroy(engine);
         return 1;
     }
+    for (size_t i = 0; i < total; i++)
+        buffer[i] = pattern(i % o->buffer_size, 0);
     printf(SEGMENT_LINE "%s\n", ferry_engine_segment_name(engine));
     printf("FERRY_BENCH_BUFFER 0x%" PRIxPTR " %zu\n", (uintptr_t)buffer, total);
     fflush(stdout);
@@ -271,9 +300,8 @@ static int run_target(const options_t *o)
                 break;
         }
     }
-    ferry_unregister(engine, buffer);
+    buffer_release(o, engine, buffer);
     ferry_engine_destroy(engine);
-    free(buffer);
     return 0;
 }
 
@@ -312,7 +340,7 @@ static void *initiator_thread(void *arg)
     const options_t *o = ctx->opts;
     ferry_batch_h batch;
     ferry_request_t *reqs = calloc(o->batch_size, sizeof(*reqs));
-    unsigned char *scratch = o->verify ? alloc_buffer(o->block_size) : NULL;
+    unsigned char *scratch = o->verify ? malloc(o->block_size) : NULL;
     size_t slots = o->buffer_size / o->block_size;
     ferry_status_t status = ferry_batch_create(ctx->engine, o->batch_size, &batch);
     pthread_barrier_wait(ctx->start);
@@ -410,18 +438,18 @@ static int run_initiator(const options_t *o, const char *segment_name)
             remote = strtoull(addr + 8, NULL, 16);
     }
     free(json);
-    size_t total = o->buffer_size * o->threads;
-    unsigned char *buffer = alloc_buffer(total);
-    if (remote == 0 || buffer == NULL) {
+    if (remote == 0) {
         fprintf(stderr, "ferry_bench: segment %s has no buffer\n", segment_name);
+        ferry_engine_destroy(engine);
+        return 1;
+    }
+    size_t total = o->buffer_size * o->threads;
+    unsigned char *buffer = buffer_acquire(o, engine, total);
+    if (buffer == NULL) {
+        ferry_engine_destroy(engine);
         return 1;
     }
     memset(buffer, 0, total);
-    status = ferry_register(engine, buffer, total, "cpu", FERRY_REG_REMOTE);
-    if (status != FERRY_OK) {
-        fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
-        return 1;
-    }
     thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
     pthread_t *tids = calloc(o->threads, sizeof(*tids));
     pthread_barrier_t start;
@@ -487,9 +515,8 @@ static int run_initiator(const options_t *o, const char *segment_name)
     free(ctxs);
     free(tids);
     ferry_segment_close(engine, segment);
-    ferry_unregister(engine, buffer);
+    buffer_release(o, engine, buffer);
     ferry_engine_destroy(engine);
-    free(buffer);
     return failed ? 1 : 0;
 }
 
@@ -528,6 +555,8 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
             snprintf(transport, sizeof(transport), "--transport=%s", o->transport);
             args[n++] = transport;
         }
+        if (o->heap)
+            args[n++] = "--memory=heap";
         args[n] = NULL;
         execv("/proc/self/exe", args);
         _exit(127);

@@ -1,0 +1,129 @@
+#!/bin/sh
+# Compare ferry_bench over the ucx transport with ucx_perftest (package
+# ucx-utils) in one run on this host: same UCX_TLS, peer error handling on
+# both sides, one initiator thread, one buffer of the message size on each
+# side.  Prints each run and the medians of $RUNS runs.
+#
+# Usage: contrib/bench-ucx-vs-perftest.sh [BUILD_DIR]   (default: the source tree)
+# Environment: RUNS (5), SECONDS_PER_RUN (3), TLS_LIST ("sm,self tcp"),
+#              SIZES ("64k 1m 4m"), MEMORY (ferry_bench --memory, "ferry")
+set -eu
+build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+bench=$build/ferry_bench
+runs=${RUNS:-5}
+seconds=${SECONDS_PER_RUN:-3}
+tls_list=${TLS_LIST:-"sm,self tcp"}
+sizes=${SIZES:-"64k 1m 4m"}
+memory=${MEMORY:-ferry}
+export FERRY_RPC_ADDRESS=127.0.0.1
+export FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$build/modules/.libs}
+# ucx_perftest needs this for shared memory under peer error handling; the
+# plugin sets it by itself, so both sides run the same way.
+export UCX_MM_ERROR_HANDLING=y
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest is not installed (ucx-utils)" >&2; exit 1; }
+[ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+
+bytes_of() { # 64k -> 65536
+    case $1 in
+    *k) echo $((${1%k} * 1024)) ;;
+    *m) echo $((${1%m} * 1048576)) ;;
+    *) echo "$1" ;;
+    esac
+}
+
+# About SECONDS_PER_RUN of traffic: sm moves ~30 GB/s, tcp ~0.7 GB/s.
+iterations() { # tls bytes
+    case $1 in
+    sm*) rate=30000000000 ;;
+    *) rate=700000000 ;;
+    esac
+    n=$(awk -v r="$rate" -v s="$seconds" -v b="$2" 'BEGIN {printf "%d", r * s / b}')
+    [ "$n" -lt 200 ] && n=200
+    echo "$n"
+}
+
+# ucx_perftest: prints the "Final:" line's field N (1-based, after "Final:").
+perftest_run() { # tls test size iterations field
+    port=$(free_port)
+    UCX_TLS=$1 ucx_perftest -p "$port" -e -t "$2" -s "$3" -n "$4" -w 1000 >/dev/null 2>&1 &
+    server=$!
+    sleep 0.5
+    UCX_TLS=$1 ucx_perftest -p "$port" -e -t "$2" -s "$3" -n "$4" -w 1000 127.0.0.1 2>/dev/null |
+        awk -v f="$5" '/^Final:/ {print $(f + 1)}'
+    wait "$server" 2>/dev/null || true
+}
+
+perftest_gbps() { # tls test size: overall bandwidth, MB/s (2^20) -> GB/s (10^9)
+    b=$(bytes_of "$3")
+    perftest_run "$1" "$2" "$b" "$(iterations "$1" "$b")" 6 |
+        awk '{printf "%.4f\n", $1 * 1048576 / 1e9}'
+}
+
+ferry_gbps() { # tls op size batch
+    UCX_TLS=$1 "$bench" --spawn --transport=ucx --memory="$memory" --operation="$2" \
+        --block-size="$3" --buffer-size="$3" --batch-size="$4" --duration="$seconds" |
+        sed -n 's/.* gbps=\([0-9.]*\).*/\1/p'
+}
+
+ferry_latency() { # tls
+    UCX_TLS=$1 "$bench" --spawn --transport=ucx --memory="$memory" --latency --block-size=8 \
+        --duration="$seconds" | sed -n 's/.* median_us=\([0-9.]*\).*/\1/p'
+}
+
+batch_for() {
+    case $1 in
+    64k) echo 128 ;;
+    1m) echo 32 ;;
+    *) echo 16 ;;
+    esac
+}
+
+report() { # label unit ferry_file perftest_file higher_is_better
+    f=$(median < "$3"); p=$(median < "$4")
+    if [ "$5" = 1 ]; then
+        ratio=$(awk -v f="$f" -v p="$p" 'BEGIN {printf "%.2f", f / p}')
+    else
+        ratio=$(awk -v f="$f" -v p="$p" 'BEGIN {printf "%.2f", p / f}')
+    fi
+    printf '%-34s ferry %9s %-5s perftest %9s %-5s ferry/perftest %s\n' "$1" "$f" "$2" "$p" "$2" \
+        "$ratio"
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for tls in $tls_list; do
+    t=$(echo "$tls" | tr ',' '_')
+    for i in $(seq "$runs"); do
+        line="UCX_TLS=$tls run $i:"
+        for size in $sizes; do
+            batch=$(batch_for "$size")
+            ferry_gbps "$tls" write "$size" "$batch" >> "$tmp/$t-ferry-write-$size"
+            perftest_gbps "$tls" ucp_put_bw "$size" >> "$tmp/$t-perftest-write-$size"
+            ferry_gbps "$tls" read "$size" "$batch" >> "$tmp/$t-ferry-read-$size"
+            perftest_gbps "$tls" ucp_get "$size" >> "$tmp/$t-perftest-read-$size"
+            line="$line write $size $(tail -1 "$tmp/$t-ferry-write-$size")/$(tail -1 "$tmp/$t-perftest-write-$size")"
+            line="$line read $size $(tail -1 "$tmp/$t-ferry-read-$size")/$(tail -1 "$tmp/$t-perftest-read-$size")"
+        done
+        ferry_latency "$tls" >> "$tmp/$t-ferry-lat"
+        perftest_run "$tls" ucp_put_lat 8 "$(iterations "$tls" 80000)" 2 >> "$tmp/$t-perftest-lat"
+        echo "$line; 8 B latency $(tail -1 "$tmp/$t-ferry-lat")/$(tail -1 "$tmp/$t-perftest-lat") us (ferry/perftest GB/s, us)"
+    done
+done
+echo "medians of $runs runs (GB/s = 10^9 bytes/s; latency: ferry's median write with"
+echo "completion vs ucx_perftest ucp_put_lat 50th percentile; ratio > 1 is ferry ahead):"
+for tls in $tls_list; do
+    t=$(echo "$tls" | tr ',' '_')
+    for size in $sizes; do
+        report "UCX_TLS=$tls write $size" GB/s "$tmp/$t-ferry-write-$size" \
+            "$tmp/$t-perftest-write-$size" 1
+        report "UCX_TLS=$tls read $size" GB/s "$tmp/$t-ferry-read-$size" \
+            "$tmp/$t-perftest-read-$size" 1
+    done
+    report "UCX_TLS=$tls 8 B write latency" us "$tmp/$t-ferry-lat" "$tmp/$t-perftest-lat" 0
+done
