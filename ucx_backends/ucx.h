@@ -51,8 +51,9 @@ enum {
 };
 #define FERRY_UCX_NAME_MAX 255
 #define FERRY_UCX_ENDPOINT_PREFIX "ucx1:"
-/* A same-host peer idle this long is checked for life before the next request. */
-#define FERRY_UCX_LIVENESS_IDLE_MS 50
+/* A same-host peer is looked up in /proc before a request when it was last
+ * checked this long ago (and every progress tick while requests are out). */
+#define FERRY_UCX_LIVENESS_MS 20
 
 typedef enum ferry_ucx_progress_mode {
     FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */
@@ -74,6 +75,7 @@ typedef struct ferry_ucx_settings {
     size_t slice_size;
     char *same_host_shm;
     unsigned rkey_cache;
+    int same_host_emulated;
 } ferry_ucx_settings_t;
 
 typedef struct ferry_ucx ferry_ucx_t;
@@ -85,6 +87,7 @@ typedef struct ferry_ucx_rkey {
     char *key;
     uint64_t hash;
     ucp_rkey_h rkey;
+    int direct; /* the remote memory is mapped here (ucp_rkey_ptr): plain stores */
     struct ferry_ucx_rkey *next;
 } ferry_ucx_rkey_t;
 
@@ -110,6 +113,7 @@ struct ferry_ucx_ep {
     char *name;
     char lanes[256];            /* "sysv/memory(am) cma/memory(rma_bw)" */
     int same_host;
+    int am_on_shm;              /* active messages (and emulated RMA) use a shared-memory FIFO */
     long pid;                   /* the peer process if it runs on our kernel and pid
                                    namespace, else 0 (from the endpoint string) */
     unsigned long long start_time;
@@ -144,6 +148,7 @@ struct ferry_ucx_ep {
     atomic_int failed;          /* ferry status that failed it, 0 while healthy */
     atomic_uint outstanding;    /* op groups in flight */
     atomic_uint_fast64_t last_activity_ms;
+    atomic_uint_fast64_t checked_ms;  /* last liveness check of a same-host peer */
 };
 
 /* Operations posted together by one submit (or one notify), finished together
@@ -240,8 +245,9 @@ ucp_mem_h ferry_ucx_memh(const void *memh);
 char *ferry_ucx_base64_encode(const void *data, size_t length);
 /* NULL on bad input; *length_p gets the decoded size. */
 void *ferry_ucx_base64_decode(const char *text, size_t text_length, size_t *length_p);
-/* The unpacked rkey for key on ep; caller holds ep->lock. */
-ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key, ucp_rkey_h *rkey_p);
+/* The cached entry (unpacked rkey) for key on ep; caller holds ep->lock. */
+ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key,
+                                  ferry_ucx_rkey_t **entry_p);
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 

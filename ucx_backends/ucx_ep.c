@@ -395,7 +395,7 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
         ferry_warn("ucx: no endpoint to %s: %s", ep->name, ucs_status_string(status));
         return status == UCS_ERR_UNREACHABLE ? FERRY_ERR_UNSUPPORTED : ferry_ucx_status(status);
     }
-    int am_on_shm = describe_lanes(ep);
+    int am_on_shm = ep->am_on_shm = describe_lanes(ep);
     if (ep->same_host && !am_on_shm && ucx->shm_policy != FERRY_UCX_SHM_IGNORE) {
         if (ucx->shm_policy == FERRY_UCX_SHM_REQUIRE) {
             ferry_warn("ucx: endpoint to same-host peer %s uses no shared memory (lanes: %s); "
@@ -429,17 +429,18 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
     pthread_mutex_lock(&ucx->lock);
     ferry_ucx_ep_t **slot = table_slot(ucx, peer->endpoint, peer->generation);
     ferry_ucx_ep_t *ep = *slot;
+    uint64_t now = ferry_ucx_time_ms();
     if (ep != NULL && ep->state == FERRY_UCX_EP_READY && ep->pid > 0 &&
-        atomic_load(&ep->outstanding) == 0 &&
-        ferry_ucx_since(atomic_load(&ep->last_activity_ms), ferry_ucx_time_ms()) >=
-            FERRY_UCX_LIVENESS_IDLE_MS) {
-        /* Idle a while: the peer may have died meanwhile, and a request into
-         * a dead process's shared memory would only fail at the deadline. */
+        ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS) {
+        /* The peer may have died since we last looked: a request into a dead
+         * process's FIFO would only fail at the deadline, and a write into
+         * its attached memory would even "succeed". */
+        atomic_store(&ep->checked_ms, now);
+        atomic_fetch_add(&ep->refs, 1);
         pthread_mutex_unlock(&ucx->lock);
-        int alive = ferry_ucx_ep_check_alive(ep); /* marks it FAILED if not */
+        ferry_ucx_ep_check_alive(ep); /* marks it FAILED if not */
+        ferry_ucx_ep_unref(ep);
         pthread_mutex_lock(&ucx->lock);
-        if (alive)
-            atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
         slot = table_slot(ucx, peer->endpoint, peer->generation);
         ep = *slot;
     }
@@ -501,28 +502,60 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
     return FERRY_OK;
 }
 
+/*
+ * Registered user memory of a same-host peer is reached through UCX's RMA
+ * emulation over the shared-memory FIFOs: slow next to plain stores, and
+ * fragile, since a peer killed while writing into our FIFO leaves an entry
+ * that is never completed and UCX 1.13 then reads nothing behind it (every
+ * other peer of that worker stalls).  Such a buffer is a fallback; memory
+ * from ferry_alloc (attached, written with plain stores) is not.
+ */
+static int reach_buffer(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep, const char *remote_key)
+{
+    if (!ep->same_host || !ep->am_on_shm || ucx->settings.same_host_emulated)
+        return FERRY_REACH_YES;
+    pthread_mutex_lock(&ep->lock);
+    ferry_ucx_rkey_t *entry = NULL;
+    ferry_status_t status = ep->closed ? FERRY_ERR_PEER_FAILED
+                                       : ferry_ucx_rkey_get(ep, remote_key, &entry);
+    int direct = status == FERRY_OK && entry->direct;
+    pthread_mutex_unlock(&ep->lock);
+    /* A key that does not unpack: let submit report it. */
+    return status != FERRY_OK || direct ? FERRY_REACH_YES : FERRY_REACH_FALLBACK;
+}
+
 int ferry_ucx_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key)
 {
     ferry_ucx_t *ucx = ctx;
     if (peer == NULL || peer->endpoint == NULL || *peer->endpoint == '\0' ||
         remote_key == NULL || *remote_key == '\0')
-        return 0;
+        return FERRY_REACH_NO;
     /* A known endpoint answers without consuming a FAILED state, which the
      * next submit must report. */
     pthread_mutex_lock(&ucx->lock);
     ferry_ucx_ep_t *ep = *table_slot(ucx, peer->endpoint, peer->generation);
     int known = ep != NULL && ep->state != FERRY_UCX_EP_CONNECTING;
+    int ready = ep != NULL && ep->state == FERRY_UCX_EP_READY;
     int reaches = ep == NULL || ep->state != FERRY_UCX_EP_UNREACHABLE;
+    if (ready)
+        atomic_fetch_add(&ep->refs, 1);
     pthread_mutex_unlock(&ucx->lock);
+    if (ready) {
+        int reach = reach_buffer(ucx, ep, remote_key);
+        ferry_ucx_ep_unref(ep);
+        return reach;
+    }
     if (known)
-        return reaches;
+        return reaches ? FERRY_REACH_YES : FERRY_REACH_NO;
     /* Unknown: connecting tells whether UCX has a lane to that peer at all
      * (no common transport, or FERRY_UCX_SAME_HOST_SHM=require), so another
      * transport can serve it instead. */
     ferry_status_t status = ferry_ucx_ep_get(ucx, peer, &ep);
-    if (status == FERRY_OK)
-        ferry_ucx_ep_unref(ep);
-    return status != FERRY_ERR_UNSUPPORTED;
+    if (status != FERRY_OK)
+        return status == FERRY_ERR_UNSUPPORTED ? FERRY_REACH_NO : FERRY_REACH_YES;
+    int reach = reach_buffer(ucx, ep, remote_key);
+    ferry_ucx_ep_unref(ep);
+    return reach;
 }
 
 /* ---------------- forgetting ---------------- */

@@ -224,7 +224,8 @@ ucp_mem_h ferry_ucx_memh(const void *memh)
 
 /* ---------------- the rkey cache of an endpoint (ep->lock) ---------------- */
 
-ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key, ucp_rkey_h *rkey_p)
+ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key,
+                                  ferry_ucx_rkey_t **entry_p)
 {
     if (ep->rkeys == NULL && (ep->rkeys = calloc(RKEY_BUCKETS, sizeof(*ep->rkeys))) == NULL)
         return FERRY_ERR_NO_MEMORY;
@@ -232,7 +233,7 @@ ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key, ucp_rkey_
     ferry_ucx_rkey_t **bucket = &ep->rkeys[hash % RKEY_BUCKETS];
     for (ferry_ucx_rkey_t *e = *bucket; e != NULL; e = e->next) {
         if (e->hash == hash && strcmp(e->key, key) == 0) {
-            *rkey_p = e->rkey;
+            *entry_p = e;
             return FERRY_OK;
         }
     }
@@ -257,11 +258,16 @@ ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key, ucp_rkey_
         free(e);
         return FERRY_ERR_DECODE;
     }
+    /* Memory UCX allocated (ferry_alloc) on this host is attached: UCX then
+     * writes it with plain stores.  The sm rkey is an offset, so any
+     * address answers the question. */
+    void *mapped;
+    e->direct = ucp_rkey_ptr(e->rkey, 0, &mapped) == UCS_OK;
     e->hash = hash;
     e->next = *bucket;
     *bucket = e;
     ep->n_rkeys++;
-    *rkey_p = e->rkey;
+    *entry_p = e;
     return FERRY_OK;
 }
 

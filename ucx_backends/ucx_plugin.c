@@ -38,6 +38,10 @@ const ferry_setting_t ferry_ucx_settings_table[] = {
             "does), ignore", same_host_shm, FERRY_SETTING_STRING),
     SETTING("RKEY_CACHE", "4096", "unpacked rkeys kept per endpoint before the cache is emptied "
             "at the next idle moment", rkey_cache, FERRY_SETTING_UINT),
+    SETTING("SAME_HOST_EMULATED", "n", "serve a same-host peer's registered (not ferry_alloc) "
+            "buffers through UCX's RMA emulation over shared memory even when another transport "
+            "reaches them (n: ucx serves them only as a last resort)", same_host_emulated,
+            FERRY_SETTING_BOOL),
 };
 const size_t ferry_ucx_settings_count = FERRY_UCX_ARRAY_SIZE(ferry_ucx_settings_table);
 

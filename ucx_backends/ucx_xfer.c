@@ -317,9 +317,11 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     int posted = 0;
     for (ferry_slice_t *s = slices; s != NULL && status == UCS_OK; s = s->next) {
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
-            result = ferry_ucx_rkey_get(ep, s->remote_key, &rkey);
+            ferry_ucx_rkey_t *entry;
+            result = ferry_ucx_rkey_get(ep, s->remote_key, &entry);
             if (result != FERRY_OK)
                 break;
+            rkey = entry->rkey;
             key = s->remote_key;
         }
         status = post_slice(group, s, rkey);

@@ -122,6 +122,12 @@ typedef struct ferry_transport_services {
     void (*notify_deliver)(void *engine, const char *from, const void *msg, size_t length);
 } ferry_transport_services_t;
 
+typedef enum ferry_reach {
+    FERRY_REACH_NO = 0,
+    FERRY_REACH_YES = 1,
+    FERRY_REACH_FALLBACK = 2,
+} ferry_reach_t;
+
 typedef struct ferry_transport_ops {
     size_t size;
     ferry_status_t (*create)(const ferry_transport_services_t *svc, void **ctx_p);
@@ -132,7 +138,9 @@ typedef struct ferry_transport_ops {
     ferry_status_t (*mem_register)(void *ctx, void *addr, size_t length, const char *location,
                                    char **key_p, void **memh_p);
     void (*mem_deregister)(void *ctx, void *memh);
-    /* Can this transport move data to that peer's buffer? */
+    /* Can this transport move data to that peer's buffer?  A ferry_reach_t:
+     * FERRY_REACH_FALLBACK says "only if no other transport can" (a path
+     * that works but is slow or fragile for this buffer). */
     int (*reaches)(void *ctx, const ferry_peer_t *peer, const char *remote_key);
     /* Queue a list of slices (linked by next).  Every slice queued is
      * finished by exactly one slice_done.  A non-OK return means no slice

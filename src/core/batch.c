@@ -117,11 +117,13 @@ void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *
 }
 
 /* First transport, in the engine's order of preference, that both sides
- * enabled and that reaches the buffer.  Returns the engine index or -1. */
+ * enabled and that reaches the buffer; one that reaches it only as a
+ * fallback serves when no other does.  Returns the engine index or -1. */
 static int select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             const ferry_desc_buffer_t *buffer, int *desc_transport_p)
 {
     int same_host = strcmp(desc->host_id, engine->host_id) == 0;
+    int fallback = -1, fallback_j = -1;
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
         if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) && !same_host)
@@ -131,12 +133,19 @@ static int select_transport(ferry_engine_t *engine, const ferry_descriptor_t *de
             continue;
         ferry_peer_t peer;
         ferry_engine_make_peer(engine, desc, j, &peer);
-        if (tp->ops->reaches != NULL && !tp->ops->reaches(tp->ctx, &peer, buffer->keys[j]))
+        int reach = tp->ops->reaches != NULL ? tp->ops->reaches(tp->ctx, &peer, buffer->keys[j])
+                                             : FERRY_REACH_YES;
+        if (reach == FERRY_REACH_FALLBACK && fallback < 0) {
+            fallback = (int)i;
+            fallback_j = j;
+        }
+        if (reach != FERRY_REACH_YES)
             continue;
         *desc_transport_p = j;
         return (int)i;
     }
-    return -1;
+    *desc_transport_p = fallback_j;
+    return fallback;
 }
 
 /* Find the target buffer and a transport in desc; FERRY_ERR_OUT_OF_RANGE if
@@ -320,13 +329,22 @@ static void launch(ferry_engine_t *engine, request_state_t *req)
         ferry_info("segment \"%s\" via %s: %s; refreshing and retrying once", req->desc->name,
                    transport_name(engine, req->transport), ferry_status_string(status));
         ferry_engine_forget_peer(engine, req->desc);
+        ferry_status_t first = status;
         status = resolve_refreshed(engine, req);
         if (status == FERRY_OK && req->transport < 0) {
             launch_local(engine, req);
             return;
         }
-        if (status == FERRY_OK)
+        if (status == FERRY_OK) {
             status = queue_slices(engine, req);
+        } else if (status != FERRY_ERR_OUT_OF_RANGE && status != FERRY_ERR_REMOTE_REFUSED &&
+                   status != FERRY_ERR_UNSUPPORTED) {
+            /* No fresh descriptor (a dead peer does not answer): what the
+             * transport saw is the better reason. */
+            ferry_info("segment \"%s\": refresh failed: %s", req->segment->name,
+                       ferry_status_string(status));
+            status = first;
+        }
     }
     if (status != FERRY_OK) {
         ferry_error("request to segment \"%s\" [0x%llx, +%zu) failed: %s",
