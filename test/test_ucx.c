@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "peer_process.h"
+#include "service_process.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -586,4 +587,64 @@ Test(ucx, bad_setting_fails_engine_creation)
     setenv("FERRY_UCX_PROGRESS", "sometimes", 1);
     cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK);
     engine = NULL;
+}
+
+/* A descriptor that claims more than the peer's ferry_alloc buffer (put in
+ * the metadata store by someone else): ucx copies only inside what the key
+ * really maps, and refuses the rest without touching memory. */
+Test(ucx, forged_descriptor_cannot_reach_past_the_attached_memory)
+{
+    const char *missing = service_missing(SERVICE_METAD);
+    if (missing != NULL)
+        cr_skip_test("%s", missing);
+    service_t metad;
+    cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
+    setenv("FERRY_METADATA", metad.uri, 1);
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    static const char *const env[] = {"FERRY_TEST_PEER_ALLOC=1", "FERRY_SEGMENT_NAME=honest",
+                                      NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+
+    static char json[1 << 16];
+    size_t length;
+    cr_assert_eq(http_call(metad.port, "GET", "/metadata?key=ferry%2Fsegments%2Fhonest", NULL,
+                           NULL, 0, json, sizeof(json), &length),
+                 200);
+    char arena_length[32];
+    static char forged[1 << 17];
+    snprintf(arena_length, sizeof(arena_length), "\"length\":\"%zu\"", peer.arena_size);
+    char *name = strstr(json, "\"name\":\"honest\"");
+    char *buffer = strstr(json, arena_length);
+    cr_assert(name != NULL && buffer != NULL, "unexpected descriptor %s", json);
+    /* the same descriptor, named "forged", its buffer 1 GiB long */
+    *name = '\0';
+    *buffer = '\0';
+    int n = snprintf(forged, sizeof(forged), "%s\"name\":\"forged\"%.*s\"length\":\"1073741824\"%s",
+                     json, (int)(buffer - name - strlen("\"name\":\"honest\"")),
+                     name + strlen("\"name\":\"honest\""), buffer + strlen(arena_length));
+    cr_assert(n > 0 && (size_t)n < sizeof(forged));
+    cr_assert_eq(http_call(metad.port, "PUT", "/metadata?key=ferry%2Fsegments%2Fforged", NULL,
+                           forged, strlen(forged), NULL, 0, NULL),
+                 200);
+
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, "forged", &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 31);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + 4096, MIB, "ucx"),
+                 FERRY_OK, "inside the real buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check 4096 %zu 31", MIB), "OK");
+    uint64_t past = peer.arena + peer.arena_size + 16 * MIB;
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, past, 4096, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write past the attached memory is refused");
+    cr_assert_eq(transfer(FERRY_OP_READ, local, segment, past, 4096, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a read past the attached memory is refused");
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + peer.arena_size - 8, 4096,
+                          NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write across the end is refused");
+    cr_assert_str_eq(peer_cmd(&peer, "check 4096 %zu 31", MIB), "OK", "the peer still serves");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    stop(); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
 }

@@ -88,6 +88,8 @@ typedef struct ferry_ucx_rkey {
     uint64_t hash;
     ucp_rkey_h rkey;
     int direct; /* the remote memory is mapped here (ucp_rkey_ptr): plain stores */
+    uintptr_t map_lo, map_hi; /* direct: our mapping of it, found at the first use */
+    uintptr_t delta;          /* direct: local address - remote address */
     struct ferry_ucx_rkey *next;
 } ferry_ucx_rkey_t;
 
@@ -248,6 +250,10 @@ void *ferry_ucx_base64_decode(const char *text, size_t text_length, size_t *leng
 /* The cached entry (unpacked rkey) for key on ep; caller holds ep->lock. */
 ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key,
                                   ferry_ucx_rkey_t **entry_p);
+/* For a direct rkey, our address of the remote [remote_addr, +length), or
+ * NULL when that range is not inside what UCX attached (a descriptor that
+ * claims more than the key maps); caller holds ep->lock. */
+void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remote_addr, size_t length);
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 
@@ -272,6 +278,9 @@ void ferry_ucx_eps_destroy(ferry_ucx_t *ucx);
 /* ---- ucx_xfer.c ---- */
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
 ferry_ucx_group_t *ferry_ucx_group_new(ferry_ucx_ep_t *ep);
+/* slice_done for every slice of the list. */
+void ferry_ucx_slices_finish(const ferry_transport_services_t *svc, ferry_slice_t *slices,
+                             ferry_status_t status);
 /* Have a flush cover what the group posted (one now, or the next one);
  * caller holds ep->lock with the endpoint open. */
 void ferry_ucx_group_post_flush(ferry_ucx_group_t *group);

@@ -271,6 +271,45 @@ ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key,
     return FERRY_OK;
 }
 
+/* The bounds of our mapping that holds addr, from /proc/self/maps. */
+static int mapping_bounds(uintptr_t addr, uintptr_t *lo_p, uintptr_t *hi_p)
+{
+    FILE *maps = fopen("/proc/self/maps", "r");
+    if (maps == NULL)
+        return 0;
+    char line[512];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), maps) != NULL) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && addr >= lo && addr < hi) {
+            *lo_p = lo;
+            *hi_p = hi;
+            found = 1;
+        }
+    }
+    fclose(maps);
+    return found;
+}
+
+void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *e, uint64_t remote_addr, size_t length)
+{
+    if (e->map_hi == 0) {
+        /* First use: where UCX attached the peer's memory, and how far that
+         * mapping goes, so no descriptor can make us copy past its end. */
+        void *ptr;
+        if (ucp_rkey_ptr(e->rkey, remote_addr, &ptr) != UCS_OK ||
+            !mapping_bounds((uintptr_t)ptr, &e->map_lo, &e->map_hi)) {
+            e->map_lo = e->map_hi = 1; /* nothing fits: every range is refused */
+            return NULL;
+        }
+        e->delta = (uintptr_t)ptr - (uintptr_t)remote_addr;
+    }
+    uintptr_t local = (uintptr_t)remote_addr + e->delta;
+    if (local < e->map_lo || local >= e->map_hi || length > e->map_hi - local)
+        return NULL;
+    return (void *)local;
+}
+
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep)
 {
     if (ep->rkeys == NULL)

@@ -49,6 +49,16 @@ static ferry_status_t group_result(ferry_ucx_group_t *group, ucs_status_t status
     return status == UCS_ERR_CANCELED ? FERRY_ERR_CANCELED : ferry_ucx_status(status);
 }
 
+void ferry_ucx_slices_finish(const ferry_transport_services_t *svc, ferry_slice_t *slices,
+                             ferry_status_t status)
+{
+    for (ferry_slice_t *slice = slices, *next; slice != NULL; slice = next) {
+        next = slice->next;
+        slice->next = NULL;
+        svc->slice_done(slice, status);
+    }
+}
+
 static void group_finish(ferry_ucx_group_t *group)
 {
     ferry_ucx_ep_t *ep = group->ep;
@@ -57,12 +67,7 @@ static void group_finish(ferry_ucx_group_t *group)
     atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
     atomic_fetch_sub(&ep->outstanding, 1);
     atomic_fetch_sub(&ep->worker->busy, 1);
-    const ferry_transport_services_t *svc = &ep->ucx->svc;
-    for (ferry_slice_t *slice = group->slices, *next; slice != NULL; slice = next) {
-        next = slice->next;
-        slice->next = NULL;
-        svc->slice_done(slice, result);
-    }
+    ferry_ucx_slices_finish(&ep->ucx->svc, group->slices, result);
     if (group->waiter != NULL) {
         ferry_ucx_waiter_t *waiter = group->waiter;
         pthread_mutex_lock(&waiter->lock);
@@ -311,40 +316,91 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_ep_unref(ep);
         return FERRY_ERR_NO_MEMORY;
     }
+    /* Three lists out of the caller's: slices copied here, slices posted
+     * to UCX (the group's), and the rest an error kept from going out. */
     const char *key = NULL;
-    ucp_rkey_h rkey = NULL;
+    ferry_ucx_rkey_t *entry = NULL;
     ucs_status_t status = UCS_OK;
-    int posted = 0;
-    for (ferry_slice_t *s = slices; s != NULL && status == UCS_OK; s = s->next) {
+    int posted = 0, copied = 0;
+    ferry_slice_t *copies = NULL, **copies_tail = &copies;
+    ferry_slice_t *posts = NULL, **posts_tail = &posts;
+    ferry_slice_t *rest = NULL;
+    for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
+        next = s->next;
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
-            ferry_ucx_rkey_t *entry;
             result = ferry_ucx_rkey_get(ep, s->remote_key, &entry);
-            if (result != FERRY_OK)
+            if (result != FERRY_OK) {
+                rest = s;
                 break;
-            rkey = entry->rkey;
+            }
             key = s->remote_key;
         }
-        status = post_slice(group, s, rkey);
-        posted += status == UCS_OK;
+        if (entry->direct) {
+            /* Memory UCX attached for us (a same-host peer's ferry_alloc
+             * buffer): copy here, as UCX itself would, minus its request,
+             * its lock and the flush. */
+            void *remote = ferry_ucx_direct_ptr(entry, s->remote_addr, s->length);
+            if (remote == NULL) {
+                ferry_error("ucx: [0x%llx, +%zu) of %s is outside the memory its key maps",
+                            (unsigned long long)s->remote_addr, s->length, ep->name);
+                result = FERRY_ERR_OUT_OF_RANGE;
+                rest = s;
+                break;
+            }
+            if (s->opcode == FERRY_OP_WRITE)
+                memcpy(remote, s->local, s->length);
+            else
+                memcpy(s->local, remote, s->length);
+            copied++;
+            *copies_tail = s;
+            copies_tail = &s->next;
+            continue;
+        }
+        status = post_slice(group, s, entry->rkey);
+        *posts_tail = s; /* failed to post: it fails with the group */
+        posts_tail = &s->next;
+        if (status != UCS_OK) {
+            rest = next;
+            break;
+        }
+        posted++;
     }
-    if (posted == 0) {
+    *copies_tail = NULL;
+    *posts_tail = NULL;
+    if (copied > 0) {
+        /* The copies (non-temporal stores for large ones) are in the
+         * target's memory before anyone hears they completed. */
+        atomic_thread_fence(memory_order_seq_cst);
+        atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
+    }
+    if (posted == 0 && copied == 0) {
         /* Nothing went out: no slice is queued, the engine may retry. */
         pthread_mutex_unlock(&ep->lock);
         group_abandon(group);
         ferry_ucx_ep_unref(ep);
         return result != FERRY_OK ? result : ferry_ucx_status(status);
     }
-    if (result != FERRY_OK) {
-        /* Later slices of this submit cannot go: they fail with the group. */
-        int expected = UCS_OK;
-        atomic_compare_exchange_strong(&group->status, &expected, (int)UCS_ERR_INVALID_PARAM);
+    if (posts != NULL) {
+        if (rest != NULL) {
+            /* Later slices of this submit cannot go: they fail with the group. */
+            *posts_tail = rest;
+            rest = NULL;
+            int expected = UCS_OK;
+            atomic_compare_exchange_strong(&group->status, &expected,
+                                           (int)UCS_ERR_INVALID_PARAM);
+        }
+        group->slices = posts;
+        ferry_ucx_group_post_flush(group);
+        pthread_mutex_unlock(&ep->lock);
+        if (atomic_load(&group->pending) > 1)
+            kick_progress(ep->worker);
+        ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
+    } else {
+        pthread_mutex_unlock(&ep->lock);
+        group_abandon(group);
     }
-    group->slices = slices;
-    ferry_ucx_group_post_flush(group);
-    pthread_mutex_unlock(&ep->lock);
-    if (atomic_load(&group->pending) > 1)
-        kick_progress(ep->worker);
-    ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
+    ferry_ucx_slices_finish(&ucx->svc, copies, FERRY_OK);
+    ferry_ucx_slices_finish(&ucx->svc, rest, result != FERRY_OK ? result : FERRY_ERR_INVALID_PARAM);
     ferry_ucx_ep_unref(ep);
     return FERRY_OK;
 }

@@ -169,7 +169,17 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
         req->desc_transport = -1;
         return FERRY_OK;
     }
+    atomic_int *route = &((ferry_desc_buffer_t *)req->buffer)->route;
+    int known = atomic_load_explicit(route, memory_order_relaxed);
+    if (known != 0) {
+        req->transport = (known & 0xffff) - 1;
+        req->desc_transport = (known >> 16) - 1;
+        return FERRY_OK;
+    }
     req->transport = select_transport(engine, desc, req->buffer, &req->desc_transport);
+    if (req->transport >= 0)
+        atomic_store_explicit(route, (req->transport + 1) | (req->desc_transport + 1) << 16,
+                              memory_order_relaxed);
     if (req->transport < 0) {
         ferry_error("segment \"%s\": no transport enabled on both sides reaches buffer 0x%llx",
                     desc->name, (unsigned long long)req->buffer->addr);
@@ -502,21 +512,17 @@ ferry_status_t ferry_batch_status(ferry_batch_h handle, size_t index,
     return FERRY_OK;
 }
 
-static ferry_status_t send_attached_notify(ferry_batch_t *batch)
+/* The notify attached to a batch, taken (once) when every request is done;
+ * caller holds submit_lock. */
+static ferry_descriptor_t *take_attached_notify(ferry_batch_t *batch, void **msg_p,
+                                                size_t *length_p)
 {
-    pthread_mutex_lock(&batch->submit_lock);
     ferry_descriptor_t *desc = batch->notify_desc;
-    void *msg = batch->notify_msg;
-    size_t length = batch->notify_length;
+    *msg_p = batch->notify_msg;
+    *length_p = batch->notify_length;
     batch->notify_desc = NULL;
     batch->notify_msg = NULL;
-    pthread_mutex_unlock(&batch->submit_lock);
-    if (desc == NULL)
-        return FERRY_OK;
-    ferry_status_t status = ferry_engine_send_notify(batch->engine, desc, msg, length);
-    ferry_descriptor_unref(desc);
-    free(msg);
-    return status;
+    return desc;
 }
 
 static uint64_t monotonic_us(void)
@@ -578,12 +584,20 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
     }
 
     ferry_status_t result = FERRY_OK;
+    ferry_descriptor_t *notify = NULL;
+    void *msg = NULL;
+    size_t length = 0;
     pthread_mutex_lock(&batch->submit_lock);
     for (size_t i = 0; i < batch->used && result == FERRY_OK; i++)
         result = (ferry_status_t)atomic_load(&batch->requests[i].error);
+    if (result == FERRY_OK && batch->notify_desc != NULL)
+        notify = take_attached_notify(batch, &msg, &length);
     pthread_mutex_unlock(&batch->submit_lock);
-    if (result == FERRY_OK)
-        result = send_attached_notify(batch);
+    if (notify != NULL) {
+        result = ferry_engine_send_notify(batch->engine, notify, msg, length);
+        ferry_descriptor_unref(notify);
+        free(msg);
+    }
     return result;
 }
 

@@ -96,6 +96,10 @@ typedef struct ferry_desc_buffer {
     char *location;
     unsigned access;   /* FERRY_REG_REMOTE_READ | _WRITE */
     char **keys;       /* [n_transports]; NULL where a transport has no key */
+    /* Not part of the value: the owning engine's transport selection for
+     * this buffer, 0 until made, else (engine index + 1) | (index in
+     * transports + 1) << 16.  Its inputs are fixed for this descriptor. */
+    atomic_int route;
 } ferry_desc_buffer_t;
 
 /* Immutable once built; shared by reference count. */

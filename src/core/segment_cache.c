@@ -203,14 +203,16 @@ ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t 
         return *desc_p ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
     }
     pthread_mutex_lock(&segment->lock);
-    int stale = segment->stale;
+    if (!segment->stale) { /* the common case: one lock per request */
+        *desc_p = ferry_descriptor_ref(segment->desc);
+        pthread_mutex_unlock(&segment->lock);
+        return FERRY_OK;
+    }
     ferry_descriptor_t *seen = segment->desc;
     pthread_mutex_unlock(&segment->lock);
-    if (stale) {
-        ferry_status_t status = ferry_segment_refetch(engine, segment, seen);
-        if (status != FERRY_OK)
-            return status;
-    }
+    ferry_status_t status = ferry_segment_refetch(engine, segment, seen);
+    if (status != FERRY_OK)
+        return status;
     pthread_mutex_lock(&segment->lock);
     *desc_p = ferry_descriptor_ref(segment->desc);
     pthread_mutex_unlock(&segment->lock);
