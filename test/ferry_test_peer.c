@@ -5,8 +5,9 @@
  * and then answers one line per command read from stdin:
  *   reg OFF LEN [r|w|rw]  unreg OFF       fill OFF LEN SEED   check OFF LEN SEED
  *   sum OFF LEN           notify MS       quit
+ *   alloc LEN (ferry_alloc; replies ALLOC <hex address>)    free 0xADDRESS
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
- * SUM <hex>, NOTIFY <from> <text>, NONE.
+ * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
  */
 #include <ferry/ferry.h>
 
@@ -60,6 +61,16 @@ int main(int argc, char **argv)
             status = ferry_register(engine, arena + a, (size_t)b, "cpu", flags);
         } else if (strcmp(cmd, "unreg") == 0) {
             status = ferry_unregister(engine, arena + a);
+        } else if (strcmp(cmd, "alloc") == 0 && b == 0) {
+            void *mem = NULL;
+            status = ferry_alloc(engine, (size_t)a, "cpu", FERRY_REG_REMOTE, &mem);
+            if (status == FERRY_OK) {
+                printf("ALLOC %" PRIxPTR "\n", (uintptr_t)mem);
+                fflush(stdout);
+                continue;
+            }
+        } else if (strcmp(cmd, "free") == 0) {
+            status = ferry_free(engine, (void *)(uintptr_t)a);
         } else if (strcmp(cmd, "fill") == 0 && a + b <= arena_size) {
             test_pattern_fill(arena + a, (size_t)b, (unsigned)c);
             status = FERRY_OK;

@@ -151,6 +151,7 @@ struct ferry_ucx_ep {
     atomic_uint outstanding;    /* op groups in flight */
     atomic_uint_fast64_t last_activity_ms;
     atomic_uint_fast64_t checked_ms;  /* last liveness check of a same-host peer */
+    atomic_int keys_stale;            /* the peer unregistered memory: drop rkeys when idle */
 };
 
 /* Operations posted together by one submit (or one notify), finished together
@@ -269,6 +270,7 @@ void ferry_ucx_ep_fail(ferry_ucx_ep_t *ep, ferry_status_t why, const char *what)
 void ferry_ucx_ep_close(ferry_ucx_ep_t *ep);
 int ferry_ucx_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key);
 void ferry_ucx_peer_forget(void *ctx, const ferry_peer_t *peer);
+void ferry_ucx_peer_changed(void *ctx, const ferry_peer_t *peer);
 /* A same-host peer whose process is gone (or replaced) fails its endpoint. */
 int ferry_ucx_ep_check_alive(ferry_ucx_ep_t *ep);
 /* Progress thread: close queued endpoints, fail those past their deadline. */

@@ -560,6 +560,18 @@ int ferry_ucx_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_ke
 
 /* ---------------- forgetting ---------------- */
 
+void ferry_ucx_peer_changed(void *ctx, const ferry_peer_t *peer)
+{
+    ferry_ucx_t *ucx = ctx;
+    if (peer == NULL || peer->endpoint == NULL)
+        return;
+    pthread_mutex_lock(&ucx->lock);
+    ferry_ucx_ep_t *ep = *table_slot(ucx, peer->endpoint, peer->generation);
+    if (ep != NULL)
+        atomic_store(&ep->keys_stale, 1);
+    pthread_mutex_unlock(&ucx->lock);
+}
+
 void ferry_ucx_peer_forget(void *ctx, const ferry_peer_t *peer)
 {
     ferry_ucx_t *ucx = ctx;

@@ -258,6 +258,7 @@ static const ferry_transport_ops_t ucx_ops = {
     .notify = ferry_ucx_notify,
     .progress = ferry_ucx_progress,
     .mem_alloc = ferry_ucx_mem_alloc,
+    .peer_changed = ferry_ucx_peer_changed,
 };
 
 static const ferry_plugin_t ucx_plugin = {

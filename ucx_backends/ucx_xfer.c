@@ -308,8 +308,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
     }
-    if (ep->n_rkeys > ucx->settings.rkey_cache && atomic_load(&ep->outstanding) == 0)
-        ferry_ucx_rkeys_flush(ep); /* nothing in flight uses one */
+    if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
+        atomic_load(&ep->outstanding) == 0) {
+        /* Nothing in flight uses one (copies into attached memory happen
+         * under ep->lock): drop them, and with them the attachments of
+         * memory the peer let go. */
+        ferry_ucx_rkeys_flush(ep);
+        atomic_store(&ep->keys_stale, 0);
+    }
     ferry_ucx_group_t *group = ferry_ucx_group_new(ep);
     if (group == NULL) {
         pthread_mutex_unlock(&ep->lock);

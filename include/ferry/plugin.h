@@ -168,6 +168,10 @@ typedef struct ferry_transport_ops {
      * transport has no such memory for that location. */
     ferry_status_t (*mem_alloc)(void *ctx, size_t length, const char *location, void **addr_p,
                                 char **key_p, void **memh_p);
+    /* Optional: that peer incarnation unregistered memory (its owner told
+     * us): drop what is cached per buffer (unpacked keys, attachments) once
+     * no request uses it; connections stay. */
+    void (*peer_changed)(void *ctx, const ferry_peer_t *peer);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

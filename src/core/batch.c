@@ -103,17 +103,33 @@ void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor
     peer->same_host = strcmp(desc->host_id, engine->host_id) == 0;
 }
 
-void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc)
+/* Tell every transport the peer has an endpoint for: forget it (changed 0)
+ * or just its per-buffer state (changed 1). */
+static void peer_tell(ferry_engine_t *engine, const ferry_descriptor_t *desc, int changed)
 {
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
         int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
-        if (j < 0 || tp->ops->peer_forget == NULL)
+        if (j < 0 || (changed ? !FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_changed)
+                              : tp->ops->peer_forget == NULL))
             continue;
         ferry_peer_t peer;
         ferry_engine_make_peer(engine, desc, j, &peer);
-        tp->ops->peer_forget(tp->ctx, &peer);
+        if (changed)
+            tp->ops->peer_changed(tp->ctx, &peer);
+        else
+            tp->ops->peer_forget(tp->ctx, &peer);
     }
+}
+
+void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc)
+{
+    peer_tell(engine, desc, 0);
+}
+
+void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc)
+{
+    peer_tell(engine, desc, 1);
 }
 
 /* First transport, in the engine's order of preference, that both sides

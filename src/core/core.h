@@ -282,6 +282,8 @@ void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor
                             int desc_transport, ferry_peer_t *peer);
 /* Drop every transport's state for that peer incarnation. */
 void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc);
+/* The peer unregistered memory: transports drop their per-buffer caches. */
+void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
 void ferry_batch_free_all(ferry_engine_t *engine);
 

@@ -260,6 +260,8 @@ void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
                                     uint64_t generation)
 {
     ferry_segment_cache_t *cache = &engine->segments;
+    ferry_descriptor_t *changed[16];
+    size_t n_changed = 0;
     pthread_mutex_lock(&cache->lock);
     for (ferry_segment_t *s = cache->list; s; s = s->next) {
         pthread_mutex_lock(&s->lock);
@@ -268,10 +270,18 @@ void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
             s->stale = 1;
             ferry_debug("segment \"%s\" invalidated by its owner (generation 0x%016llx)",
                         s->name, (unsigned long long)generation);
+            if (s->desc && s->desc->generation == generation && n_changed < 16)
+                changed[n_changed++] = ferry_descriptor_ref(s->desc);
         }
         pthread_mutex_unlock(&s->lock);
     }
     pthread_mutex_unlock(&cache->lock);
+    /* Same incarnation, fewer buffers: transports drop what they cached for
+     * the old ones (no lock held: they take their own). */
+    for (size_t i = 0; i < n_changed; i++) {
+        ferry_engine_peer_changed(engine, changed[i]);
+        ferry_descriptor_unref(changed[i]);
+    }
 }
 
 /* ---- public API ---- */
