@@ -287,6 +287,84 @@ static void kick_progress(ferry_ucx_worker_t *w)
         ucp_worker_signal(w->worker);
 }
 
+/* ---------------- copies into attached memory ---------------- */
+
+/* Slices whose remote memory UCX attached here (a same-host peer's
+ * ferry_alloc buffer), with their addresses, resolved under ep->lock and
+ * copied after it: what UCX's own rkey_ptr protocol does, minus its request,
+ * its worker lock and the flush. */
+typedef struct direct_copies {
+    size_t count, capacity;
+    ferry_slice_t **slices;
+    void **remote;
+    ferry_slice_t *inline_slices[64];
+    void *inline_remote[64];
+} direct_copies_t;
+
+static void direct_copies_init(direct_copies_t *c)
+{
+    c->count = 0;
+    c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_slices);
+    c->slices = c->inline_slices;
+    c->remote = c->inline_remote;
+}
+
+static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice, void *remote)
+{
+    if (c->count == c->capacity) {
+        size_t capacity = c->capacity * 2;
+        ferry_slice_t **slices = malloc(capacity * sizeof(*slices));
+        void **addrs = malloc(capacity * sizeof(*addrs));
+        if (slices == NULL || addrs == NULL) {
+            free(slices);
+            free(addrs);
+            return FERRY_ERR_NO_MEMORY;
+        }
+        memcpy(slices, c->slices, c->count * sizeof(*slices));
+        memcpy(addrs, c->remote, c->count * sizeof(*addrs));
+        if (c->slices != c->inline_slices) {
+            free(c->slices);
+            free(c->remote);
+        }
+        c->slices = slices;
+        c->remote = addrs;
+        c->capacity = capacity;
+    }
+    c->slices[c->count] = slice;
+    c->remote[c->count++] = remote;
+    return FERRY_OK;
+}
+
+static void direct_copies_run(direct_copies_t *c)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        ferry_slice_t *s = c->slices[i];
+        if (s->opcode == FERRY_OP_WRITE)
+            memcpy(c->remote[i], s->local, s->length);
+        else
+            memcpy(s->local, c->remote[i], s->length);
+    }
+    /* The copies (non-temporal stores for large ones) are in the target's
+     * memory before anyone hears that they completed. */
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        c->slices[i]->next = NULL;
+        svc->slice_done(c->slices[i], FERRY_OK);
+    }
+}
+
+static void direct_copies_release(direct_copies_t *c)
+{
+    if (c->slices != c->inline_slices) {
+        free(c->slices);
+        free(c->remote);
+    }
+}
+
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
 {
     ferry_ucx_t *ucx = ctx;
@@ -310,27 +388,24 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     }
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
         atomic_load(&ep->outstanding) == 0) {
-        /* Nothing in flight uses one (copies into attached memory happen
-         * under ep->lock): drop them, and with them the attachments of
+        /* Nothing in flight uses one (copies into attached memory count as
+         * outstanding too): drop them, and with them the attachments of
          * memory the peer let go. */
         ferry_ucx_rkeys_flush(ep);
         atomic_store(&ep->keys_stale, 0);
     }
-    ferry_ucx_group_t *group = ferry_ucx_group_new(ep);
-    if (group == NULL) {
-        pthread_mutex_unlock(&ep->lock);
-        ferry_ucx_ep_unref(ep);
-        return FERRY_ERR_NO_MEMORY;
-    }
-    /* Three lists out of the caller's: slices copied here, slices posted
-     * to UCX (the group's), and the rest an error kept from going out. */
+
+    /* Three lists out of the caller's: slices to copy here (into memory UCX
+     * attached), slices posted to UCX (the group's), and the rest, which an
+     * error kept from going out. */
+    direct_copies_t copies;
+    direct_copies_init(&copies);
+    ferry_ucx_group_t *group = NULL;
+    ferry_slice_t *posts = NULL, **posts_tail = &posts, *rest = NULL;
     const char *key = NULL;
     ferry_ucx_rkey_t *entry = NULL;
     ucs_status_t status = UCS_OK;
-    int posted = 0, copied = 0;
-    ferry_slice_t *copies = NULL, **copies_tail = &copies;
-    ferry_slice_t *posts = NULL, **posts_tail = &posts;
-    ferry_slice_t *rest = NULL;
+    int posted = 0;
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
@@ -342,9 +417,6 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             key = s->remote_key;
         }
         if (entry->direct) {
-            /* Memory UCX attached for us (a same-host peer's ferry_alloc
-             * buffer): copy here, as UCX itself would, minus its request,
-             * its lock and the flush. */
             void *remote = ferry_ucx_direct_ptr(entry, s->remote_addr, s->length);
             if (remote == NULL) {
                 ferry_error("ucx: [0x%llx, +%zu) of %s is outside the memory its key maps",
@@ -353,14 +425,16 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
                 rest = s;
                 break;
             }
-            if (s->opcode == FERRY_OP_WRITE)
-                memcpy(remote, s->local, s->length);
-            else
-                memcpy(s->local, remote, s->length);
-            copied++;
-            *copies_tail = s;
-            copies_tail = &s->next;
+            if ((result = direct_copies_add(&copies, s, remote)) != FERRY_OK) {
+                rest = s;
+                break;
+            }
             continue;
+        }
+        if (group == NULL && (group = ferry_ucx_group_new(ep)) == NULL) {
+            result = FERRY_ERR_NO_MEMORY;
+            rest = s;
+            break;
         }
         status = post_slice(group, s, entry->rkey);
         *posts_tail = s; /* failed to post: it fails with the group */
@@ -371,22 +445,19 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         }
         posted++;
     }
-    *copies_tail = NULL;
     *posts_tail = NULL;
-    if (copied > 0) {
-        /* The copies (non-temporal stores for large ones) are in the
-         * target's memory before anyone hears they completed. */
-        atomic_thread_fence(memory_order_seq_cst);
-        atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
-    }
-    if (posted == 0 && copied == 0) {
+    if (posted == 0 && copies.count == 0) {
         /* Nothing went out: no slice is queued, the engine may retry. */
         pthread_mutex_unlock(&ep->lock);
-        group_abandon(group);
+        if (group != NULL)
+            group_abandon(group);
+        direct_copies_release(&copies);
         ferry_ucx_ep_unref(ep);
         return result != FERRY_OK ? result : ferry_ucx_status(status);
     }
-    if (posts != NULL) {
+    if (copies.count > 0) /* keeps the rkeys (attachments) from a flush meanwhile */
+        atomic_fetch_add(&ep->outstanding, 1);
+    if (posted > 0) {
         if (rest != NULL) {
             /* Later slices of this submit cannot go: they fail with the group. */
             *posts_tail = rest;
@@ -403,9 +474,17 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
     } else {
         pthread_mutex_unlock(&ep->lock);
-        group_abandon(group);
+        if (group != NULL)
+            group_abandon(group);
     }
-    ferry_ucx_slices_finish(&ucx->svc, copies, FERRY_OK);
+    if (copies.count > 0) {
+        /* Outside the lock, so threads writing to one peer copy in parallel. */
+        direct_copies_run(&copies);
+        atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
+        atomic_fetch_sub(&ep->outstanding, 1);
+        direct_copies_finish(&copies, &ucx->svc);
+    }
+    direct_copies_release(&copies);
     ferry_ucx_slices_finish(&ucx->svc, rest, result != FERRY_OK ? result : FERRY_ERR_INVALID_PARAM);
     ferry_ucx_ep_unref(ep);
     return FERRY_OK;
