@@ -220,10 +220,6 @@ static inline uint64_t ferry_ucx_since(uint64_t then, uint64_t now)
     return now > then ? now - then : 0;
 }
 uint64_t ferry_ucx_hash(const char *text, uint64_t seed);
-/* Start time of a process (clock ticks since boot), 0 if it is gone or a zombie. */
-unsigned long long ferry_ucx_process_start_time(long pid);
-/* "<boot id>:<pid namespace>:<pid>:<start time>" of this process. */
-void ferry_ucx_process_identity(char *out, size_t len);
 ferry_status_t ferry_ucx_status(ucs_status_t status);
 
 /* ---- ucx_context.c ---- */

@@ -297,7 +297,7 @@ ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx)
     char identity[160];
     size_t prefix = strlen(FERRY_UCX_ENDPOINT_PREFIX);
     memcpy(identity, FERRY_UCX_ENDPOINT_PREFIX, prefix);
-    ferry_ucx_process_identity(identity + prefix, sizeof(identity) - prefix - 1);
+    ferry_process_identity(identity + prefix, sizeof(identity) - prefix - 1);
     strcat(identity, ":");
     size_t used = strlen(identity), cap = used + 1;
     if ((ucx->address = strdup(identity)) == NULL)

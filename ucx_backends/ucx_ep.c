@@ -304,47 +304,25 @@ static int describe_lanes(ferry_ucx_ep_t *ep)
 /* "ucx1:<boot id>:<pid ns>:<pid>:<start>:<addresses>" */
 static ferry_status_t parse_endpoint(ferry_ucx_ep_t *ep)
 {
-    const char *p = ep->endpoint, *field[4];
     size_t prefix = strlen(FERRY_UCX_ENDPOINT_PREFIX);
-    if (strncmp(p, FERRY_UCX_ENDPOINT_PREFIX, prefix) != 0)
-        goto bad;
-    p += prefix;
-    for (int i = 0; i < 4; i++) {
-        field[i] = p;
-        p = strchr(p, ':');
-        if (p == NULL)
-            goto bad;
-        p++;
+    const char *addresses = NULL;
+    if (strncmp(ep->endpoint, FERRY_UCX_ENDPOINT_PREFIX, prefix) == 0)
+        addresses = ferry_process_identity_parse(ep->endpoint + prefix, &ep->pid,
+                                                 &ep->start_time);
+    if (addresses == NULL || *addresses == '\0') {
+        ferry_error("ucx: the endpoint of %s is not \"" FERRY_UCX_ENDPOINT_PREFIX
+                    "<boot id>:<pid ns>:<pid>:<start>:<addresses>\"", ep->name);
+        return FERRY_ERR_DECODE;
     }
-    if (*p == '\0')
-        goto bad;
-    ep->addresses = p;
-    /* Only a process of our own kernel and pid namespace is one we can
-     * look at (not one in another container, nor on another host). */
-    char ours[160];
-    ferry_ucx_process_identity(ours, sizeof(ours));
-    size_t shared = (size_t)(field[2] - field[0]); /* "<boot id>:<pid ns>:" */
-    ep->pid = 0;
-    if (strncmp(ours, field[0], shared) == 0 && field[0][0] != '-') {
-        char *end;
-        ep->pid = strtol(field[2], &end, 10);
-        ep->start_time = strtoull(field[3], NULL, 10);
-        if (*end != ':' || ep->pid <= 0)
-            ep->pid = 0;
-    }
+    ep->addresses = addresses;
     return FERRY_OK;
-bad:
-    ferry_error("ucx: the endpoint of %s is not \"" FERRY_UCX_ENDPOINT_PREFIX
-                "<boot id>:<pid ns>:<pid>:<start>:<addresses>\"", ep->name);
-    return FERRY_ERR_DECODE;
 }
 
 int ferry_ucx_ep_check_alive(ferry_ucx_ep_t *ep)
 {
     if (ep->pid <= 0)
         return 1;
-    unsigned long long start = ferry_ucx_process_start_time(ep->pid);
-    if (start != 0 && (ep->start_time == 0 || start == ep->start_time))
+    if (ferry_process_alive(ep->pid, ep->start_time))
         return 1;
     ferry_ucx_ep_fail(ep, FERRY_ERR_PEER_FAILED, "its process is gone");
     return 0;

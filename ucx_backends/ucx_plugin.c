@@ -88,43 +88,6 @@ uint64_t ferry_ucx_hash(const char *text, uint64_t seed)
     return hash_mix(hash, p + length - SAMPLE, SAMPLE);
 }
 
-unsigned long long ferry_ucx_process_start_time(long pid)
-{
-    char path[64], text[1024];
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    FILE *file = fopen(path, "r");
-    if (file == NULL)
-        return 0;
-    size_t n = fread(text, 1, sizeof(text) - 1, file);
-    fclose(file);
-    text[n] = '\0';
-    /* Field 3 (state) and 22 (starttime), counted after the command's
-     * closing parenthesis.  A zombie is as gone as a reaped process. */
-    const char *p = strrchr(text, ')');
-    if (p == NULL || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
-        return 0;
-    for (int field = 2; p != NULL && field < 22; field++)
-        p = strchr(p + 1, ' ');
-    return p ? strtoull(p + 1, NULL, 10) : 0;
-}
-
-void ferry_ucx_process_identity(char *out, size_t len)
-{
-    char boot[64] = "";
-    FILE *file = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (file == NULL || fgets(boot, sizeof(boot), file) == NULL)
-        boot[0] = '\0';
-    if (file)
-        fclose(file);
-    boot[strcspn(boot, "\n:")] = '\0';
-    struct stat st;
-    unsigned long long ns = stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long long)st.st_ino
-                                                               : 0;
-    long pid = (long)getpid();
-    snprintf(out, len, "%s:%llu:%ld:%llu", boot[0] ? boot : "-", ns, pid,
-             ferry_ucx_process_start_time(pid));
-}
-
 /* How a UCX failure reads to the engine: anything that says the peer or the
  * link broke is FERRY_ERR_PEER_FAILED, so the engine refreshes and retries. */
 ferry_status_t ferry_ucx_status(ucs_status_t status)

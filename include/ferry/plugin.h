@@ -74,6 +74,20 @@ FERRY_API ferry_status_t ferry_settings_read(const char *component, const ferry_
                                    size_t count, void *dst);
 FERRY_API void ferry_settings_release(const ferry_setting_t *table, size_t count, void *dst);
 
+/* ---- process identity (for transports that reach a same-kernel peer) ---- */
+
+/* "<boot id>:<pid namespace>:<pid>:<start time>" of this process. */
+FERRY_API void ferry_process_identity(char *out, size_t len);
+/* Parse an identity at the start of text; returns what follows its fourth
+ * ':' (NULL if malformed).  *pid_p and *start_p are set only when the
+ * process runs on our kernel and in our pid namespace, else 0. */
+FERRY_API const char *ferry_process_identity_parse(const char *text, long *pid_p,
+                                                   unsigned long long *start_p);
+/* Start time of a process (clock ticks since boot), 0 if gone or a zombie. */
+FERRY_API unsigned long long ferry_process_start_time(long pid);
+/* Whether pid still names the process that started at start_time. */
+FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
+
 /* ---- transports ---- */
 
 /* What a transport knows of a remote segment. */

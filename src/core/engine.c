@@ -87,13 +87,10 @@ static void read_host_id(ferry_engine_t *engine)
         snprintf(engine->host_id, sizeof(engine->host_id), "%s", engine->settings.host_id);
         return;
     }
-    FILE *file = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (file == NULL || fgets(engine->host_id, sizeof(engine->host_id), file) == NULL) {
+    if (!ferry_boot_id(engine->host_id, sizeof(engine->host_id))) {
         gethostname(engine->host_id, sizeof(engine->host_id) - 1);
+        engine->host_id[strcspn(engine->host_id, "\n")] = '\0';
     }
-    if (file)
-        fclose(file);
-    engine->host_id[strcspn(engine->host_id, "\n")] = '\0';
 }
 
 static ferry_status_t start_rpc(ferry_engine_t *engine)

@@ -21,6 +21,8 @@ void ferry_log_init(void);
 
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
+/* The kernel's boot id (no newline); 0 if unreadable. */
+int ferry_boot_id(char *out, size_t len);
 
 /* ---- random.c ---- */
 uint64_t ferry_random_u64(void); /* from getrandom(); never 0 */
