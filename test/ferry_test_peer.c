@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +24,11 @@
 int main(int argc, char **argv)
 {
     size_t arena_size = argc > 1 ? strtoull(argv[1], NULL, 0) : ((size_t)80 << 20);
+    /* FERRY_TEST_PEER_UNDUMPABLE=1: a process others may not attach to
+     * without CAP_SYS_PTRACE (cross-memory attach is refused). */
+    const char *undumpable = getenv("FERRY_TEST_PEER_UNDUMPABLE");
+    if (undumpable != NULL && strcmp(undumpable, "1") == 0)
+        prctl(PR_SET_DUMPABLE, 0);
     ferry_engine_h engine;
     ferry_status_t status = ferry_engine_create(NULL, &engine);
     if (status != FERRY_OK) {

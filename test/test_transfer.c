@@ -1,4 +1,5 @@
-/* Two-process transfers over the native TCP transport, bytes verified. */
+/* Two-process transfers over a native transport, bytes verified: built
+ * once for tcp (test_transfer) and once for shm (test_transfer_shm). */
 #include <criterion/criterion.h>
 #include <ferry/ferry.h>
 
@@ -10,6 +11,9 @@
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
+#ifndef TRANSFER_TRANSPORT
+#define TRANSFER_TRANSPORT "tcp"
+#endif
 
 static peer_process_t peer;
 static ferry_engine_h engine;
@@ -19,7 +23,8 @@ static size_t local_size = 72 * MIB;
 
 static void setup(void)
 {
-    setenv("FERRY_TRANSPORTS", "tcp", 1); /* this suite is about tcp; peers inherit it */
+    /* this suite is about one transport; peers inherit it */
+    setenv("FERRY_TRANSPORTS", TRANSFER_TRANSPORT, 1);
     cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", (size_t)70 * MIB), "OK");
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
@@ -50,7 +55,7 @@ static ferry_status_t transfer(ferry_opcode_t op, void *buf, uint64_t remote, si
         cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
         cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
         cr_assert_eq(xs.transferred, length);
-        cr_assert_str_eq(xs.transport, "tcp");
+        cr_assert_str_eq(xs.transport, TRANSFER_TRANSPORT);
     }
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     return status;

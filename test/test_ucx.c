@@ -21,6 +21,7 @@
 
 #include "peer_process.h"
 #include "service_process.h"
+#include "capture_stderr.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -485,27 +486,6 @@ Test(ucx, same_host_registered_memory_through_ucx_when_asked)
 {
     setenv("FERRY_UCX_SAME_HOST_EMULATED", "y", 1);
     cr_assert_str_eq(same_host_write_transport(0, 0), "ucx");
-}
-
-/* Run fn with this process's stderr going to a file; returns what was logged. */
-static char *capture_stderr(void (*fn)(void *), void *arg)
-{
-    fflush(stderr);
-    FILE *file = tmpfile();
-    cr_assert_not_null(file);
-    int saved = dup(2);
-    dup2(fileno(file), 2);
-    fn(arg);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    long size = ftell(file);
-    char *text = calloc(1, (size_t)(size > 0 ? size : 0) + 1);
-    rewind(file);
-    if (size > 0)
-        text[fread(text, 1, (size_t)size, file)] = '\0';
-    fclose(file);
-    return text;
 }
 
 struct notify_case {

@@ -26,6 +26,7 @@ ferry_status_t ferry_plugin_find(const char *module_dir, ferry_plugin_kind_t kin
 void ferry_plugin_list_all(const char *module_dir, ferry_plugin_list_t *list);
 void ferry_plugin_list_release(ferry_plugin_list_t *list);
 const char *ferry_plugin_default_dir(void);
+int ferry_plugin_is_builtin(const ferry_plugin_t *plugin);
 
 /* ---------------- registry.c: the engine's registered ranges ---------------- */
 
@@ -289,6 +290,7 @@ void ferry_batch_free_all(ferry_engine_t *engine);
 
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);
+const ferry_plugin_t *ferry_shm_plugin(void);
 const ferry_plugin_t *ferry_p2p_plugin(void);
 
 #endif

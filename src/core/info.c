@@ -26,7 +26,7 @@ void ferry_info_print(FILE *out, unsigned what)
                 module_dir && *module_dir ? module_dir : ferry_plugin_default_dir());
         for (size_t i = 0; i < all.count; i++) {
             const ferry_plugin_t *plugin = all.plugins[i];
-            int builtin = plugin == ferry_tcp_plugin() || plugin == ferry_p2p_plugin();
+            int builtin = ferry_plugin_is_builtin(plugin);
             fprintf(out, "%-9s %-8s %-8s %s\n",
                     plugin->kind == FERRY_PLUGIN_TRANSPORT ? "transport" : "metadata",
                     plugin->name, builtin ? "built-in" : "module", plugin->description);

@@ -14,7 +14,15 @@
 #include <string.h>
 
 typedef const ferry_plugin_t *(*builtin_fn_t)(void);
-static const builtin_fn_t builtins[] = {ferry_tcp_plugin, ferry_p2p_plugin};
+static const builtin_fn_t builtins[] = {ferry_tcp_plugin, ferry_shm_plugin, ferry_p2p_plugin};
+
+int ferry_plugin_is_builtin(const ferry_plugin_t *plugin)
+{
+    for (size_t i = 0; i < FERRY_ARRAY_SIZE(builtins); i++)
+        if (builtins[i]() == plugin)
+            return 1;
+    return 0;
+}
 
 static pthread_mutex_t loaded_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct loaded_module {

@@ -1,0 +1,98 @@
+/*
+ * shm transfers: each slice is one process_vm_writev/readv (repeated for a
+ * partial copy), done in the caller's thread; every slice is finished
+ * before submit returns.
+ */
+#include "shm.h"
+#include "../../util/util.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+
+static ferry_status_t copy_status(int err)
+{
+    switch (err) {
+    case ESRCH:
+        return FERRY_ERR_PEER_FAILED; /* the process is gone */
+    case EPERM:
+        return FERRY_ERR_UNSUPPORTED; /* the kernel stopped letting us attach */
+    case EFAULT:
+        return FERRY_ERR_OUT_OF_RANGE; /* the peer has no such memory (any more) */
+    case ENOMEM:
+        return FERRY_ERR_NO_MEMORY;
+    default:
+        return FERRY_ERR_IO;
+    }
+}
+
+static ferry_status_t copy_slice(const ferry_shm_peer_t *p, const ferry_slice_t *s)
+{
+    size_t done = 0;
+    while (done < s->length) {
+        struct iovec local = {(char *)s->local + done, s->length - done};
+        struct iovec remote = {(void *)(uintptr_t)(s->remote_addr + done), s->length - done};
+        ssize_t n = s->opcode == FERRY_OP_WRITE
+                        ? process_vm_writev((pid_t)p->pid, &local, 1, &remote, 1, 0)
+                        : process_vm_readv((pid_t)p->pid, &local, 1, &remote, 1, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        /* 0 bytes: the first remote page is not there */
+        return copy_status(n < 0 ? errno : EFAULT);
+    }
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_shm_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
+{
+    ferry_shm_t *shm = ctx;
+    if (slices == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next)
+        if (s->length == 0 || s->local == NULL ||
+            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
+            return FERRY_ERR_INVALID_PARAM;
+    ferry_shm_peer_t *p = ferry_shm_peer_get(shm, peer);
+    if (p == NULL)
+        return FERRY_ERR_DECODE;
+    if (!p->usable) {
+        ferry_shm_peer_put(p);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    /* Is the pid still that process?  A copy into a recycled pid would
+     * write into a stranger (looked up at most every few milliseconds). */
+    uint64_t now = ferry_time_ms();
+    if (now - atomic_load(&p->checked_ms) >= FERRY_SHM_LIVENESS_MS) {
+        atomic_store(&p->checked_ms, now);
+        if (!ferry_process_alive(p->pid, p->start_time)) {
+            ferry_warn("shm: peer %s (pid %ld) is gone; failing its requests", peer->name,
+                       p->pid);
+            ferry_shm_peer_put(p);
+            return FERRY_ERR_PEER_FAILED;
+        }
+    }
+    /* Until one slice is done, a failure queues nothing (the engine may
+     * refresh and retry); after that, each slice reports its own result. */
+    ferry_status_t first = copy_slice(p, slices);
+    if (first != FERRY_OK) {
+        ferry_shm_peer_put(p);
+        return first;
+    }
+    for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
+        next = s->next;
+        ferry_status_t status = s == slices ? FERRY_OK : copy_slice(p, s);
+        if (status != FERRY_OK)
+            ferry_error("shm: %s of [0x%llx, +%zu) at %s failed: %s",
+                        s->opcode == FERRY_OP_WRITE ? "write" : "read",
+                        (unsigned long long)s->remote_addr, s->length, peer->name,
+                        ferry_status_string(status));
+        s->next = NULL;
+        shm->svc.slice_done(s, status);
+    }
+    ferry_shm_peer_put(p);
+    return FERRY_OK;
+}

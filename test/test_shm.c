@@ -1,0 +1,208 @@
+/* The shm transport (cross-memory attach): failures, the kernel refusing,
+ * hosts, and where it stands in the default order.  Plain transfers are
+ * test_transfer_shm (test_transfer.c built for shm). */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <linux/capability.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "capture_stderr.h"
+#include "peer_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+
+static ferry_engine_h engine;
+static unsigned char *local;
+static size_t local_size = 72 * MIB;
+
+static void start(const char *transports)
+{
+    if (transports != NULL)
+        setenv("FERRY_TRANSPORTS", transports, 1); /* peers inherit it */
+    else
+        unsetenv("FERRY_TRANSPORTS");
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, local_size), 0);
+    memset(local, 1, local_size);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+}
+
+static void stop(void)
+{
+    if (engine) {
+        ferry_unregister(engine, local);
+        ferry_engine_destroy(engine);
+    }
+    engine = NULL;
+    free(local);
+    local = NULL;
+}
+
+TestSuite(shm, .fini = stop, .timeout = 60);
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One request; returns its status and the transport that served it. */
+static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
+                               uint64_t remote, size_t length, char *transport, size_t len)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    ferry_xfer_status_t xs;
+    if (transport != NULL && ferry_batch_status(batch, 0, &xs) == FERRY_OK)
+        snprintf(transport, len, "%s", xs.transport ? xs.transport : "");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
+/* Which transport a same-host write of 1 MiB takes, bytes checked. */
+static const char *write_served_by(const char *const *peer_env, int allocated)
+{
+    static char transport[32];
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, peer_env), 0);
+    uintptr_t remote = peer.arena;
+    if (allocated)
+        cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 2 * MIB), "ALLOC %lx", &remote), 1);
+    else
+        cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 2 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 17);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, remote, MIB, transport,
+                          sizeof(transport)),
+                 FERRY_OK);
+    memset(local + MIB, 0, MIB);
+    cr_assert_eq(transfer(FERRY_OP_READ, local + MIB, segment, remote, MIB, NULL, 0), FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + MIB, MIB, 17), SIZE_MAX);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    return transport;
+}
+
+Test(shm, killed_peer_fails_at_once_and_others_keep_working)
+{
+    start("shm");
+    peer_process_t victim, bystander;
+    ferry_segment_h victim_seg, bystander_seg;
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_eq(peer_start(&bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
+
+    /* Write until the victim is gone: copies end the moment it dies. */
+    enum { N = 16 };
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, 64 * MIB};
+    double killed = 0, begin = now();
+    ferry_status_t status;
+    int rounds = 0;
+    do {
+        if (++rounds == 3) {
+            killed = now();
+            peer_kill(&victim, SIGKILL);
+        }
+        status = ferry_batch_submit(batch, reqs, N);
+        if (status == FERRY_OK)
+            status = ferry_batch_wait(batch, 20000);
+    } while (status == FERRY_OK && now() - begin < 15.0);
+    cr_assert_gt(killed, 0, "the victim was never killed");
+    cr_assert_eq(status, FERRY_ERR_PEER_FAILED, "%s", ferry_status_string(status));
+    cr_assert_lt(now() - killed, 2.0, "failing took %.2f s", now() - killed);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+
+    test_pattern_fill(local, 4 * MIB, 8);
+    char transport[32];
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander.arena, 4 * MIB,
+                          transport, sizeof(transport)),
+                 FERRY_OK);
+    cr_assert_str_eq(transport, "shm");
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(&bystander);
+}
+
+/* Drop CAP_SYS_PTRACE from our effective set (this test's process only). */
+static void drop_ptrace_capability(void)
+{
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    cr_assert_eq(syscall(SYS_capget, &header, data), 0);
+    data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+    cr_assert_eq(syscall(SYS_capset, &header, data), 0);
+}
+
+static void write_twice_refused(void *arg)
+{
+    static const char *const env[] = {"FERRY_TEST_PEER_UNDUMPABLE=1", NULL};
+    const char **served = arg;
+    *served = write_served_by(env, 0);
+    *served = write_served_by(env, 0); /* a second peer: the refusal is logged once */
+}
+
+Test(shm, kernel_refusal_falls_through_to_the_next_transport_and_is_logged_once)
+{
+    drop_ptrace_capability();
+    start("shm,tcp");
+    const char *served = NULL;
+    char *log = capture_stderr(write_twice_refused, &served);
+    cr_assert_not_null(log);
+    cr_assert_str_eq(served, "tcp");
+    const char *line = strstr(log, "refuses cross-memory attach");
+    cr_assert_not_null(line, "no log line says why: %s", log);
+    cr_assert_null(strstr(line + 1, "refuses cross-memory attach"), "logged twice: %s", log);
+    free(log);
+}
+
+Test(shm, never_across_hosts)
+{
+    start("shm,tcp");
+    static const char *const other[] = {"FERRY_HOST_ID=another-host", NULL};
+    cr_assert_str_eq(write_served_by(other, 0), "tcp");
+    setenv("FERRY_HOST_ID", "this-host", 1);
+    stop();
+    start("shm,tcp");
+    static const char *const same[] = {"FERRY_HOST_ID=this-host", NULL};
+    cr_assert_str_eq(write_served_by(same, 0), "shm", "equal host identities: same host");
+}
+
+/* Every transport found: registered memory of a same-host peer goes by shm
+ * (ucx keeps it as a fallback), ferry_alloc memory by ucx when ucx is built
+ * (plain stores into the attached segment), else by shm too. */
+Test(shm, default_order_on_one_host)
+{
+    start(NULL);
+    cr_assert_str_eq(write_served_by(NULL, 0), "shm");
+    const char *allocated = write_served_by(NULL, 1);
+    char *plugins = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&plugins, &size);
+    ferry_info_print(out, FERRY_INFO_PLUGINS);
+    fclose(out);
+    int have_ucx = strstr(plugins, "transport ucx") != NULL;
+    free(plugins);
+    cr_assert_str_eq(allocated, have_ucx ? "ucx" : "shm");
+}
