@@ -37,6 +37,7 @@ typedef struct options {
     int verify;
     int spawn;
     int latency;
+    int baseline;       /* --memcpy-baseline */
     int heap;           /* --memory=heap: posix_memalign + ferry_register */
 } options_t;
 
@@ -116,6 +117,8 @@ static void usage(FILE *out)
         "  --memory=KIND         ferry (default): buffers from ferry_alloc, the memory the\n"
         "                        transports reach best; heap: malloc-ed memory registered\n"
         "                        with ferry_register (both sides)\n"
+        "  --memcpy-baseline     first measure single-thread memcpy of the same blocks\n"
+        "                        between two buffers of this process, and print it\n"
         "  --verify              check every byte moved (throughput then means little)\n"
         "  --latency             one request per batch, timed from submit to completion\n"
         "                        (a write completes once in the target's memory); prints\n"
@@ -136,6 +139,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
         {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
         {"latency", no_argument, NULL, 'L'},          {"memory", required_argument, NULL, 'A'},
+        {"memcpy-baseline", no_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -150,6 +154,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'T': o->transport = optarg; break;
         case 'v': o->verify = 1; break;
         case 'L': o->latency = 1; break;
+        case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
         case 'A':
             if (strcmp(optarg, "ferry") && strcmp(optarg, "heap")) {
@@ -427,6 +432,33 @@ static int compare_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* What one thread's memcpy does with the same blocks, wrapping around a
+ * buffer of the same size: the ceiling of a same-host copy. */
+static void memcpy_baseline(const options_t *o, const unsigned char *src)
+{
+    unsigned char *dst = NULL;
+    if (posix_memalign((void **)&dst, 4096, o->buffer_size) != 0)
+        return;
+    memset(dst, 0, o->buffer_size);
+    size_t slots = o->buffer_size / o->block_size, next = 0;
+    double seconds = o->duration < 1.0 ? o->duration : 1.0;
+    double begin = now_seconds(), elapsed;
+    uint64_t bytes = 0;
+    do {
+        for (int i = 0; i < 64; i++, next++) {
+            size_t offset = (next % slots) * o->block_size;
+            memcpy(dst + offset, src + offset, o->block_size);
+            bytes += o->block_size;
+        }
+        elapsed = now_seconds() - begin;
+    } while (elapsed < seconds);
+    printf("memcpy baseline: %.3f GB/s, block %zu B, buffer %zu B, single thread\n",
+           bytes / elapsed / 1e9, o->block_size, o->buffer_size);
+    printf("BASELINE memcpy block_size=%zu gbps=%.4f\n", o->block_size, bytes / elapsed / 1e9);
+    fflush(stdout);
+    free(dst);
+}
+
 static int run_initiator(const options_t *o, const char *segment_name)
 {
     ferry_engine_h engine;
@@ -461,6 +493,8 @@ static int run_initiator(const options_t *o, const char *segment_name)
         return 1;
     }
     memset(buffer, 0, total);
+    if (o->baseline)
+        memcpy_baseline(o, buffer);
     thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
     pthread_t *tids = calloc(o->threads, sizeof(*tids));
     pthread_barrier_t start;
