@@ -49,7 +49,7 @@ static int run(const char *fmt, ...)
     vsnprintf(command, sizeof(command), fmt, ap);
     va_end(ap);
     char full[4200];
-    snprintf(full, sizeof(full), "%s 2>&1", command);
+    snprintf(full, sizeof(full), "{ %s; } 2>&1", command); /* the command's own 2> wins */
     FILE *pipe = popen(full, "r");
     cr_assert_not_null(pipe);
     size_t n = fread(output, 1, sizeof(output) - 1, pipe);

@@ -17,7 +17,7 @@
 
 static const ferry_setting_t engine_settings[] = {
     SETTING("SEGMENT_NAME", "", "segment name peers open; empty: the metadata store's default "
-            "(p2p: the RPC host:port)", segment_name, FERRY_SETTING_STRING),
+            "(p2p: the RPC host:port; pmix: rank:N)", segment_name, FERRY_SETTING_STRING),
     SETTING("METADATA", "", "metadata store URI: p2p (no server), http://host:port/metadata, "
             "etcd://host:port, redis://host:port, pmix; empty: pmix in a job started by a PMIx "
             "launcher when the pmix module is installed, else p2p", metadata,
