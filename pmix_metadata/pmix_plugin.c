@@ -188,6 +188,25 @@ static ferry_status_t get_snapshot(pmix_store_t *store, pmix_rank_t rank, uint64
     return status;
 }
 
+/* Look at snapshot n: there, it becomes *text_p and *have_p; not there,
+ * *missing_p.  Fails only when the server does. */
+static ferry_status_t probe(pmix_store_t *store, pmix_rank_t rank, uint64_t n, char **text_p,
+                            uint64_t *have_p, uint64_t *missing_p)
+{
+    char *text;
+    ferry_status_t status = get_snapshot(store, rank, n, &text);
+    if (status == FERRY_ERR_SEGMENT_NOT_FOUND) {
+        *missing_p = n;
+        return FERRY_OK;
+    }
+    if (status == FERRY_OK) {
+        free(*text_p);
+        *text_p = text;
+        *have_p = n;
+    }
+    return status;
+}
+
 /*
  * The newest snapshot of a rank: gallop from the newest seen, then bisect.
  * FERRY_ERR_SEGMENT_NOT_FOUND: the rank has published nothing yet.
@@ -197,35 +216,17 @@ static ferry_status_t newest_snapshot(pmix_store_t *store, pmix_rank_t rank, cha
     pthread_mutex_lock(&store->cache_lock);
     uint64_t have = store->newest[rank];
     pthread_mutex_unlock(&store->cache_lock);
-    char *text = NULL, *probe;
+    char *text = NULL;
     uint64_t base = have, missing = 0; /* 0: no missing one known yet */
-    for (uint64_t step = 1; missing == 0; step *= 2) {
-        ferry_status_t status = get_snapshot(store, rank, base + step, &probe);
-        if (status == FERRY_ERR_SEGMENT_NOT_FOUND) {
-            missing = base + step;
-        } else if (status != FERRY_OK) {
-            free(text);
-            return status;
-        } else {
-            free(text);
-            text = probe;
-            have = base + step;
-        }
-    }
-    /* have exists (or is 0), missing does not: bisect between them. */
-    while (missing - have > 1) {
-        uint64_t mid = have + (missing - have) / 2;
-        ferry_status_t status = get_snapshot(store, rank, mid, &probe);
-        if (status == FERRY_ERR_SEGMENT_NOT_FOUND) {
-            missing = mid;
-        } else if (status != FERRY_OK) {
-            free(text);
-            return status;
-        } else {
-            free(text);
-            text = probe;
-            have = mid;
-        }
+    ferry_status_t status = FERRY_OK;
+    for (uint64_t step = 1; missing == 0 && status == FERRY_OK; step *= 2)
+        status = probe(store, rank, base + step, &text, &have, &missing);
+    /* have is there (or 0), missing is not: bisect between them. */
+    while (status == FERRY_OK && missing - have > 1)
+        status = probe(store, rank, have + (missing - have) / 2, &text, &have, &missing);
+    if (status != FERRY_OK) {
+        free(text);
+        return status;
     }
     if (have == 0)
         return FERRY_ERR_SEGMENT_NOT_FOUND;

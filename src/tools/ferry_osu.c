@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tool_args.h"
+
 enum { FERRY_OSU_PUT_LATENCY, FERRY_OSU_GET_LATENCY, FERRY_OSU_PUT_BW, FERRY_OSU_GET_BW,
        FERRY_OSU_PUT_BIBW };
 #ifndef FERRY_OSU_TEST
@@ -79,20 +81,13 @@ static void usage(FILE *out)
         test->kind == LATENCY ? "" : "  -W, --window-size N           requests per flush (default 64)\n");
 }
 
+/* A message size: 1 to 1 GiB, k/m suffixes. */
 static int parse_size(const char *text, size_t *value_p)
 {
-    char *end;
-    errno = 0;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (end == text || errno || *text == '-')
+    size_t value;
+    if (ferry_tool_parse_size(text, &value) != 0 || value == 0 || value > MAX_SIZE_LIMIT)
         return -1;
-    if (*end == 'k' || *end == 'K')
-        value <<= 10, end++;
-    else if (*end == 'm' || *end == 'M')
-        value <<= 20, end++;
-    if (*end != '\0' || value == 0 || value > MAX_SIZE_LIMIT)
-        return -1;
-    *value_p = (size_t)value;
+    *value_p = value;
     return 0;
 }
 
