@@ -55,7 +55,8 @@ typedef struct options {
     size_t min_size, max_size;
     unsigned iterations, skip, iterations_large, skip_large;
     unsigned window;
-    int mpi;                 /* --api=mpi */
+    int mpi;                 /* --api=mpi; sweep through MPI one-sided */
+    int both;                /* --api=both: the Ferry sweep, then the MPI one */
     const char *transport;   /* --transport: FERRY_TRANSPORTS */
 } options_t;
 
@@ -73,8 +74,9 @@ static void usage(FILE *out)
         "  -d, --accelerator cuda|rocm   device buffers (this build has none)\n"
         "  -T, --transport NAME          Ferry transports to enable, as FERRY_TRANSPORTS\n"
         "                                (default: every one, the best picked per peer)\n"
-        "      --api ferry|mpi           move the data with Ferry (default) or with MPI\n"
-        "                                one-sided (MPI_Win_allocate, MPI_Win_flush)\n"
+        "      --api ferry|mpi|both      move the data with Ferry (default) or with MPI\n"
+        "                                one-sided (MPI_Win_allocate, MPI_Win_flush); both:\n"
+        "                                the Ferry sweep, then the MPI one, in one job\n"
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",
@@ -163,13 +165,15 @@ static int parse_options(int argc, char **argv, options_t *o)
             return -1;
         case 'T': o->transport = optarg; break;
         case 'A':
-            if (strcmp(optarg, "ferry") != 0 && strcmp(optarg, "mpi") != 0) {
+            if (strcmp(optarg, "ferry") != 0 && strcmp(optarg, "mpi") != 0 &&
+                strcmp(optarg, "both") != 0) {
                 if (rank == 0)
-                    fprintf(stderr, "%s: --api is ferry or mpi, not %s\n", test->program,
+                    fprintf(stderr, "%s: --api is ferry, mpi or both, not %s\n", test->program,
                             optarg);
                 return -1;
             }
             o->mpi = strcmp(optarg, "mpi") == 0;
+            o->both = strcmp(optarg, "both") == 0;
             break;
         case 'h':
             if (rank == 0)
@@ -423,7 +427,13 @@ int main(int argc, char **argv)
         parsed = -1;
     }
     int rc = parsed < 0 ? 1 : 0;
-    if (parsed == 0)
+    if (parsed == 0 && options.both) {
+        rc = run_ferry(&options) == 0 ? 0 : 1;
+        options.mpi = 1;
+        if (rank == 0)
+            printf("\n");
+    }
+    if (parsed == 0 && rc == 0)
         rc = (options.mpi ? run_mpi(&options) : run_ferry(&options)) == 0 ? 0 : 1;
     MPI_Finalize();
     return rc;
