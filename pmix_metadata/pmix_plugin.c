@@ -309,7 +309,7 @@ static ferry_status_t fetch_once(pmix_store_t *store, const char *name, char **d
     if (by_rank >= 0) {
         if ((uint64_t)by_rank >= store->job_size) {
             ferry_info("pmix: segment %s: this job has ranks 0 to %u", name,
-                        (unsigned)store->job_size - 1);
+                       (unsigned)store->job_size - 1);
             *gone_p = 1;
             return FERRY_ERR_SEGMENT_NOT_FOUND;
         }

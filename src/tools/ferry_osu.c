@@ -80,7 +80,9 @@ static void usage(FILE *out)
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",
-        test->kind == LATENCY ? "" : "  -W, --window-size N           requests per flush (default 64)\n");
+        test->kind == LATENCY
+            ? ""
+            : "  -W, --window-size N           requests per flush (default 64)\n");
 }
 
 /* A message size: 1 to 1 GiB, k/m suffixes. */
@@ -108,10 +110,14 @@ static int parse_count(const char *text, unsigned *value_p, unsigned min)
 static int parse_options(int argc, char **argv, options_t *o)
 {
     static const struct option long_options[] = {
-        {"message-size", required_argument, NULL, 'm'}, {"warmup", required_argument, NULL, 'x'},
-        {"iterations", required_argument, NULL, 'i'},   {"window-size", required_argument, NULL, 'W'},
-        {"accelerator", required_argument, NULL, 'd'},  {"transport", required_argument, NULL, 'T'},
-        {"api", required_argument, NULL, 'A'},          {"help", no_argument, NULL, 'h'},
+        {"message-size", required_argument, NULL, 'm'},
+        {"warmup", required_argument, NULL, 'x'},
+        {"iterations", required_argument, NULL, 'i'},
+        {"window-size", required_argument, NULL, 'W'},
+        {"accelerator", required_argument, NULL, 'd'},
+        {"transport", required_argument, NULL, 'T'},
+        {"api", required_argument, NULL, 'A'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     *o = (options_t){.min_size = 1, .max_size = (size_t)1 << 22, .window = 64};
