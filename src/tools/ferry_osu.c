@@ -287,7 +287,13 @@ static int ferry_setup(ferry_side_t *f, const options_t *o, char *transport, siz
     ferry_status_t status = ferry_engine_create(NULL, &f->engine);
     if (status != FERRY_OK)
         return ferry_fail("ferry_engine_create", status);
-    status = ferry_alloc(f->engine, bytes, "cpu", FERRY_REG_REMOTE, (void **)&f->local);
+    /* The peer reaches our window best in memory from ferry_alloc; our own
+     * side of each transfer stays in ordinary (registered) heap memory, as
+     * OSU's send buffer: with UCX, memory it maps for peers is a shared
+     * mapping without transparent huge pages, slower to copy from. */
+    if (posix_memalign((void **)&f->local, 1 << 21, bytes) != 0)
+        return ferry_fail("posix_memalign", FERRY_ERR_NO_MEMORY);
+    status = ferry_register(f->engine, f->local, bytes, "cpu", FERRY_REG_REMOTE);
     if (status == FERRY_OK)
         status = ferry_alloc(f->engine, bytes, "cpu", FERRY_REG_REMOTE, (void **)&f->window);
     if (status != FERRY_OK)
@@ -329,7 +335,8 @@ static void ferry_teardown(ferry_side_t *f)
         ferry_batch_destroy(f->batch);
     if (f->peer)
         ferry_segment_close(f->engine, f->peer);
-    ferry_engine_destroy(f->engine); /* frees what ferry_alloc gave */
+    ferry_engine_destroy(f->engine); /* frees what ferry_alloc gave, unregisters local */
+    free(f->local);
     free(f->requests);
 }
 
@@ -339,6 +346,11 @@ static int run_ferry(const options_t *o)
     char transport[64] = "?";
     if (o->transport != NULL)
         setenv("FERRY_TRANSPORTS", o->transport, 1);
+    /* Wait as MPI_Win_flush does: the caller polls until the window is done
+     * (ferry_batch_wait drives the transports' progress meanwhile) instead
+     * of sleeping after 50 us and leaving the copies to a progress thread
+     * that two cores must share with it.  A value given wins. */
+    setenv("FERRY_WAIT_SPIN", "1000000", 0);
     int ok = ferry_setup(&f, o, transport, sizeof(transport)) == 0, all_ok;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
     if (!all_ok) {
