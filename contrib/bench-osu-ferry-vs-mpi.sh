@@ -1,7 +1,7 @@
 #!/bin/sh
 # Ferry against MPI one-sided on this host: the ferry_osu_* benchmarks with
-# --api=both (the Ferry sweep, then the MPI one, in the same two-rank job),
-# RUNS times, medians per size.  Prints a Markdown table for
+# --api=both (each size through Ferry, then MPI, back to back in the same
+# two-rank job), RUNS times, medians per size.  Prints a Markdown table for
 # doc/performance.md.
 # Usage: contrib/bench-osu-ferry-vs-mpi.sh [BUILD_DIR] [RUNS] [TRANSPORT]
 # (run contrib/quickstart-test.sh or build first; TRANSPORT: as

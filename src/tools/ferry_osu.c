@@ -4,7 +4,8 @@
  * ranks; MPI only starts the job, shares the segment names and buffer
  * addresses and separates the message sizes with barriers.  --api=mpi runs
  * the same sweep through MPI one-sided (MPI_Win_allocate, MPI_Put/MPI_Get,
- * MPI_Win_flush), so both can be compared in one job.  Output, defaults and
+ * MPI_Win_flush); --api=both measures each size both ways, back to back, in
+ * one job.  Output, defaults and
  * arithmetic are OSU 6.x's: latency = time / iterations, bandwidth =
  * size / 1e6 * iterations * window / time, bi-bandwidth twice that.
  *
@@ -56,7 +57,7 @@ typedef struct options {
     unsigned iterations, skip, iterations_large, skip_large;
     unsigned window;
     int mpi;                 /* --api=mpi; sweep through MPI one-sided */
-    int both;                /* --api=both: the Ferry sweep, then the MPI one */
+    int both;                /* --api=both: Ferry and MPI, size by size */
     const char *transport;   /* --transport: FERRY_TRANSPORTS */
 } options_t;
 
@@ -76,7 +77,7 @@ static void usage(FILE *out)
         "                                (default: every one, the best picked per peer)\n"
         "      --api ferry|mpi|both      move the data with Ferry (default) or with MPI\n"
         "                                one-sided (MPI_Win_allocate, MPI_Win_flush); both:\n"
-        "                                the Ferry sweep, then the MPI one, in one job\n"
+        "                                each size through Ferry then MPI, two tables\n"
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",
@@ -209,13 +210,13 @@ err_count:
     return -1;
 }
 
-static void print_header(const options_t *o, const char *transport)
+static void print_header(int mpi, const char *transport)
 {
     if (rank != 0)
         return;
-    printf("# OSU %s_%s %s v" OSU_VERSION "\n", o->mpi ? "MPI" : "Ferry", test->get ? "Get" : "Put",
+    printf("# OSU %s_%s %s v" OSU_VERSION "\n", mpi ? "MPI" : "Ferry", test->get ? "Get" : "Put",
            test->title);
-    if (o->mpi) {
+    if (mpi) {
         printf("# Window creation: MPI_Win_allocate\n");
         printf("# Synchronization: MPI_Win_flush\n");
     } else {
@@ -228,17 +229,33 @@ static void print_header(const options_t *o, const char *transport)
     fflush(stdout);
 }
 
-static void print_result(size_t size, double seconds, unsigned iterations, unsigned window)
+/* One size's timing, OSU's arithmetic. */
+typedef struct osu_point {
+    size_t size;
+    double seconds;
+    unsigned iterations, skip, window;
+} osu_point_t;
+
+static osu_point_t point_for(const options_t *o, size_t size)
+{
+    int large = size > LARGE_MESSAGE_SIZE;
+    return (osu_point_t){.size = size,
+                         .iterations = large ? o->iterations_large : o->iterations,
+                         .skip = large ? o->skip_large : o->skip,
+                         .window = test->kind == LATENCY ? 1 : o->window};
+}
+
+static void print_result(const osu_point_t *p)
 {
     if (rank != 0)
         return;
     double value;
     if (test->kind == LATENCY)
-        value = seconds * 1e6 / iterations;
+        value = p->seconds * 1e6 / p->iterations;
     else
-        value = (double)size / 1e6 * iterations * window / seconds *
+        value = (double)p->size / 1e6 * p->iterations * p->window / p->seconds *
                 (test->kind == BIBW ? 2 : 1);
-    printf("%-*zu%*.*f\n", 10, size, FIELD_WIDTH, FLOAT_PRECISION, value);
+    printf("%-*zu%*.*f\n", 10, p->size, FIELD_WIDTH, FLOAT_PRECISION, value);
     fflush(stdout);
 }
 
@@ -340,10 +357,9 @@ static void ferry_teardown(ferry_side_t *f)
     free(f->requests);
 }
 
-static int run_ferry(const options_t *o)
+/* Collective: every rank's engine up and connected, or -1 on all. */
+static int ferry_start(ferry_side_t *f, const options_t *o, char *transport, size_t len)
 {
-    ferry_side_t f = {0};
-    char transport[64] = "?";
     if (o->transport != NULL)
         setenv("FERRY_TRANSPORTS", o->transport, 1);
     /* Wait as MPI_Win_flush does: the caller polls until the window is done
@@ -351,84 +367,124 @@ static int run_ferry(const options_t *o)
      * of sleeping after 50 us and leaving the copies to a progress thread
      * that two cores must share with it.  A value given wins. */
     setenv("FERRY_WAIT_SPIN", "1000000", 0);
-    int ok = ferry_setup(&f, o, transport, sizeof(transport)) == 0, all_ok;
+    int ok = ferry_setup(f, o, transport, len) == 0, all_ok;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-    if (!all_ok) {
-        ferry_teardown(&f);
-        return -1;
-    }
-    print_header(o, transport);
-    unsigned window = test->kind == LATENCY ? 1 : o->window;
-    for (size_t size = o->min_size; size <= o->max_size && ok; size *= 2) {
-        unsigned iterations = size > LARGE_MESSAGE_SIZE ? o->iterations_large : o->iterations;
-        unsigned skip = size > LARGE_MESSAGE_SIZE ? o->skip_large : o->skip;
-        double start = 0, seconds = 0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        if (active()) {
-            for (unsigned i = 0; i < skip + iterations && ok; i++) {
-                if (i == skip)
-                    start = MPI_Wtime();
-                ok = ferry_round(&f, size, window) == 0;
-            }
-            seconds = MPI_Wtime() - start;
-        }
-        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-        if (ok)
-            print_result(size, seconds, iterations, window);
-    }
-    /* The peer may still read our window until both are done. */
+    return all_ok ? 0 : -1;
+}
+
+/* Collective: time one size through Ferry; -1 on every rank if one failed. */
+static int ferry_measure(ferry_side_t *f, osu_point_t *p)
+{
+    int ok = 1;
+    double start = 0;
     MPI_Barrier(MPI_COMM_WORLD);
-    ferry_teardown(&f);
+    if (active()) {
+        for (unsigned i = 0; i < p->skip + p->iterations && ok; i++) {
+            if (i == p->skip)
+                start = MPI_Wtime();
+            ok = ferry_round(f, p->size, p->window) == 0;
+        }
+        p->seconds = MPI_Wtime() - start;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
     return ok ? 0 : -1;
 }
 
 /* ---------------- MPI one-sided, as OSU does it ---------------- */
 
-static int run_mpi(const options_t *o)
+/* Collective: time one size through MPI one-sided (a window per size). */
+static void mpi_measure(osu_point_t *p)
 {
-    unsigned window = test->kind == LATENCY ? 1 : o->window;
     int peer = 1 - rank;
-    print_header(o, NULL);
-    for (size_t size = o->min_size; size <= o->max_size; size *= 2) {
-        unsigned iterations = size > LARGE_MESSAGE_SIZE ? o->iterations_large : o->iterations;
-        unsigned skip = size > LARGE_MESSAGE_SIZE ? o->skip_large : o->skip;
-        size_t bytes = size * window;
-        unsigned char *sbuf = malloc(bytes), *base;
-        MPI_Win win;
-        if (sbuf == NULL) {
-            fprintf(stderr, "rank %d: out of memory\n", rank);
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        }
-        memset(sbuf, 'a', bytes);
-        MPI_Win_allocate((MPI_Aint)bytes, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
-        memset(base, 'b', bytes);
-        MPI_Barrier(MPI_COMM_WORLD);
-        double start = 0, seconds = 0;
-        if (active()) {
-            MPI_Win_lock(MPI_LOCK_SHARED, peer, 0, win);
-            for (unsigned i = 0; i < skip + iterations; i++) {
-                if (i == skip)
-                    start = MPI_Wtime();
-                for (unsigned j = 0; j < window; j++) {
-                    MPI_Aint disp = (MPI_Aint)(j * size);
-                    if (test->get)
-                        MPI_Get(sbuf + j * size, (int)size, MPI_CHAR, peer, disp, (int)size,
-                                MPI_CHAR, win);
-                    else
-                        MPI_Put(sbuf + j * size, (int)size, MPI_CHAR, peer, disp, (int)size,
-                                MPI_CHAR, win);
-                }
-                MPI_Win_flush(peer, win);
-            }
-            seconds = MPI_Wtime() - start;
-            MPI_Win_unlock(peer, win);
-        }
-        MPI_Barrier(MPI_COMM_WORLD);
-        print_result(size, seconds, iterations, window);
-        MPI_Win_free(&win);
-        free(sbuf);
+    size_t bytes = p->size * p->window;
+    unsigned char *sbuf = malloc(bytes), *base;
+    MPI_Win win;
+    if (sbuf == NULL) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    return 0;
+    memset(sbuf, 'a', bytes);
+    MPI_Win_allocate((MPI_Aint)bytes, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
+    memset(base, 'b', bytes);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double start = 0;
+    if (active()) {
+        MPI_Win_lock(MPI_LOCK_SHARED, peer, 0, win);
+        for (unsigned i = 0; i < p->skip + p->iterations; i++) {
+            if (i == p->skip)
+                start = MPI_Wtime();
+            for (unsigned j = 0; j < p->window; j++) {
+                MPI_Aint disp = (MPI_Aint)(j * p->size);
+                if (test->get)
+                    MPI_Get(sbuf + j * p->size, (int)p->size, MPI_CHAR, peer, disp,
+                            (int)p->size, MPI_CHAR, win);
+                else
+                    MPI_Put(sbuf + j * p->size, (int)p->size, MPI_CHAR, peer, disp,
+                            (int)p->size, MPI_CHAR, win);
+            }
+            MPI_Win_flush(peer, win);
+        }
+        p->seconds = MPI_Wtime() - start;
+        MPI_Win_unlock(peer, win);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Win_free(&win);
+    free(sbuf);
+}
+
+/*
+ * The sweep.  One API: each size printed as it is done.  Both: for each size
+ * Ferry then MPI, back to back, so that a machine busy with something else
+ * weighs on both alike; the two tables are printed at the end.
+ */
+static int run(const options_t *o)
+{
+    int use_ferry = !o->mpi || o->both, use_mpi = o->mpi || o->both;
+    ferry_side_t f = {0};
+    char transport[64] = "?";
+    if (use_ferry && ferry_start(&f, o, transport, sizeof(transport)) != 0) {
+        ferry_teardown(&f);
+        return -1;
+    }
+    size_t n = 0;
+    for (size_t size = o->min_size; size <= o->max_size; size *= 2)
+        n++;
+    osu_point_t *ferry_points = calloc(n, sizeof(*ferry_points));
+    osu_point_t *mpi_points = calloc(n, sizeof(*mpi_points));
+    if (ferry_points == NULL || mpi_points == NULL) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (!o->both)
+        print_header(o->mpi, transport);
+    int rc = 0;
+    size_t i = 0;
+    for (size_t size = o->min_size; size <= o->max_size && rc == 0; size *= 2, i++) {
+        ferry_points[i] = mpi_points[i] = point_for(o, size);
+        if (use_ferry)
+            rc = ferry_measure(&f, &ferry_points[i]);
+        if (use_mpi && rc == 0)
+            mpi_measure(&mpi_points[i]);
+        if (!o->both && rc == 0)
+            print_result(o->mpi ? &mpi_points[i] : &ferry_points[i]);
+    }
+    if (o->both && rc == 0) {
+        print_header(0, transport);
+        for (size_t k = 0; k < n; k++)
+            print_result(&ferry_points[k]);
+        if (rank == 0)
+            printf("\n");
+        print_header(1, NULL);
+        for (size_t k = 0; k < n; k++)
+            print_result(&mpi_points[k]);
+    }
+    /* The peer may still read our window until both are done. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (use_ferry)
+        ferry_teardown(&f);
+    free(ferry_points);
+    free(mpi_points);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -445,14 +501,8 @@ int main(int argc, char **argv)
         parsed = -1;
     }
     int rc = parsed < 0 ? 1 : 0;
-    if (parsed == 0 && options.both) {
-        rc = run_ferry(&options) == 0 ? 0 : 1;
-        options.mpi = 1;
-        if (rank == 0)
-            printf("\n");
-    }
-    if (parsed == 0 && rc == 0)
-        rc = (options.mpi ? run_mpi(&options) : run_ferry(&options)) == 0 ? 0 : 1;
+    if (parsed == 0)
+        rc = run(&options) == 0 ? 0 : 1;
     MPI_Finalize();
     return rc;
 }
