@@ -103,7 +103,7 @@ do_start() {
         done
     fi
 
-    host=$(hostname)
+    host=$(hostname -s 2>/dev/null || hostname)
     cpus=$(nproc)
     mkdir -p /etc/slurm
     cat >"$conf" <<EOF
