@@ -184,6 +184,13 @@ static int late(void)
     snprintf(name, sizeof(name), "rank:%d", size);
     ferry_status_t status = ferry_segment_open(engine, name, &seg);
     CHECK(status == FERRY_ERR_SEGMENT_NOT_FOUND, "%s: %s", name, ferry_status_string(status));
+    /* Another rank's name is refused, with the engine. */
+    ferry_engine_h impostor;
+    snprintf(name, sizeof(name), "rank:%d", peer);
+    config.name = name;
+    status = ferry_engine_create(&config, &impostor);
+    CHECK(status == FERRY_ERR_INVALID_PARAM, "an engine named %s on rank %d: %s", name, rank,
+          ferry_status_string(status));
     MPI_Barrier(MPI_COMM_WORLD);
     bad = test_pattern_check(area, 4096, seed_of(from, rank) + 7);
     CHECK(bad == SIZE_MAX, "named engine: byte %zu differs", bad);

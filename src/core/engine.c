@@ -328,6 +328,10 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     pthread_mutex_lock(&engine->register_lock);
     status = ferry_engine_publish_locked(engine);
     pthread_mutex_unlock(&engine->register_lock);
+    /* A name the store refuses (the store said why) never becomes valid;
+     * an unreachable store may come back. */
+    if (status == FERRY_ERR_INVALID_PARAM)
+        goto err_destroy;
     if (status != FERRY_OK)
         ferry_warn("segment %s is not published yet: %s (registrations will retry)",
                    engine->name, ferry_status_string(status));
