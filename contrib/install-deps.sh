@@ -8,10 +8,14 @@ packages="build-essential autoconf automake libtool pkg-config libjansson-dev"
 packages="$packages libcurl4-openssl-dev libhiredis-dev libmicrohttpd-dev"
 # transports: the UCX module
 packages="$packages libucx-dev"
+# MPI jobs: the pmix module, the ferry_osu_* benchmarks and MPI tests
+packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
     # servers the metadata tests start themselves, on free loopback ports
     packages="$packages etcd-server etcd-client redis-server"
+    # a single-node Slurm for the srun tests (contrib/slurm-single-node.sh)
+    packages="$packages slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge"
 fi
 missing=""
 for p in $packages; do
@@ -22,9 +26,9 @@ if [ -n "$missing" ]; then
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -q
-    # etcd-server and redis-server start their packaged daemons on install;
-    # the tests run their own, and where there is no init system starting
-    # them fails the install.  A policy-rc.d that says "no" (if none is
+    # etcd-server, redis-server, munge and slurm start their packaged daemons
+    # on install; the tests run their own, and where there is no init system
+    # starting them fails the install.  A policy-rc.d that says "no" (if none is
     # there already) keeps the packaged daemons down while we install.
     policy=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then

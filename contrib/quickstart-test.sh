@@ -4,6 +4,18 @@
 set -e
 cd "$(dirname "$0")/.."
 contrib/install-deps.sh test
+# The srun tests need a Slurm: start a single-node one (as root) unless one
+# answers already, and stop it on the way out.  Without it they skip.
+if [ "$(id -u)" -eq 0 ] && ! contrib/slurm-single-node.sh status; then
+    if contrib/slurm-single-node.sh start; then
+        trap 'contrib/slurm-single-node.sh stop' EXIT
+    elif [ "${CI:-}" = true ]; then
+        echo "quickstart-test: Slurm did not start; CI runs the srun tests" >&2
+        exit 1
+    else
+        echo "quickstart-test: no Slurm; the srun tests will skip" >&2
+    fi
+fi
 ./autogen.sh
 jobs=$(nproc)
 summary=""

@@ -30,7 +30,7 @@ Test(tools, ferry_info_lists_plugins_and_settings)
     cr_assert(strstr(output, "tcp") != NULL && strstr(output, "p2p") != NULL, "%s", output);
     snprintf(command, sizeof(command), "%s -c", getenv("FERRY_INFO"));
     cr_assert_eq(run(command, output, sizeof(output)), 0);
-    const char *expected[] = {"FERRY_METADATA=p2p", "FERRY_TRANSPORTS=", "FERRY_TCP_SLICE_SIZE=",
+    const char *expected[] = {"FERRY_METADATA=", "FERRY_TRANSPORTS=", "FERRY_TCP_SLICE_SIZE=",
                               "FERRY_TCP_TIMEOUT=", "FERRY_RPC_TIMEOUT="};
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         cr_assert(strstr(output, expected[i]) != NULL, "missing %s", expected[i]);

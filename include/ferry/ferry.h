@@ -46,7 +46,8 @@ enum {
 typedef struct ferry_config {
     uint64_t field_mask;
     const char *name;        /* segment name; p2p default: the RPC host:port */
-    const char *metadata;    /* metadata store URI: "p2p" (default), ... */
+    const char *metadata;    /* metadata store URI: "p2p", "pmix", ...; NULL/"": pmix
+                              * in a PMIx-launched job (module installed), else p2p */
     const char *rpc_address; /* RPC listen address "host[:port]" */
     const char *transports;  /* "tcp,ucx" or "^ucx"; empty: every built one */
     const char *module_dir;  /* where loadable plugins are found */

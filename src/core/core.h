@@ -22,6 +22,8 @@ typedef struct ferry_plugin_list {
 /* Find a plugin by kind and name: built-in first, then module_dir. */
 ferry_status_t ferry_plugin_find(const char *module_dir, ferry_plugin_kind_t kind,
                                  const char *name, const ferry_plugin_t **plugin_p);
+/* Whether that plugin is built in or loads from module_dir (logs nothing). */
+int ferry_plugin_available(const char *module_dir, ferry_plugin_kind_t kind, const char *name);
 /* Every built-in plugin and every module found in module_dir. */
 void ferry_plugin_list_all(const char *module_dir, ferry_plugin_list_t *list);
 void ferry_plugin_list_release(ferry_plugin_list_t *list);

@@ -17,9 +17,11 @@
 
 static const ferry_setting_t engine_settings[] = {
     SETTING("SEGMENT_NAME", "", "segment name peers open; empty: the metadata store's default "
-            "(p2p: the RPC host:port)", segment_name, FERRY_SETTING_STRING),
-    SETTING("METADATA", "p2p", "metadata store URI: p2p (no server), http://host:port/metadata, "
-            "etcd://host:port, redis://host:port, pmix", metadata, FERRY_SETTING_STRING),
+            "(p2p: the RPC host:port; pmix: rank:N)", segment_name, FERRY_SETTING_STRING),
+    SETTING("METADATA", "", "metadata store URI: p2p (no server), http://host:port/metadata, "
+            "etcd://host:port, redis://host:port, pmix; empty: pmix in a job started by a PMIx "
+            "launcher when the pmix module is installed, else p2p", metadata,
+            FERRY_SETTING_STRING),
     SETTING("RPC_ADDRESS", "", "RPC listen address host[:port]; empty: this host's address, any "
             "port", rpc_address, FERRY_SETTING_STRING),
     SETTING("TRANSPORTS", "", "transports to enable, in order of preference (\"tcp,ucx\") or "
@@ -130,10 +132,21 @@ static void metadata_scheme(const char *uri, char *scheme, size_t len)
     scheme[n] = '\0';
 }
 
+/* No store configured: the launcher's PMIx store inside a PMIx-launched job
+ * (mpirun and srun --mpi=pmix export PMIX_NAMESPACE and PMIX_RANK), else p2p. */
+static const char *default_metadata(ferry_engine_t *engine)
+{
+    if (getenv("PMIX_NAMESPACE") != NULL && getenv("PMIX_RANK") != NULL &&
+        ferry_plugin_available(engine->settings.module_dir, FERRY_PLUGIN_METADATA, "pmix"))
+        return "pmix";
+    return "p2p";
+}
+
 static ferry_status_t start_metadata(ferry_engine_t *engine)
 {
     char scheme[32];
-    const char *uri = engine->settings.metadata[0] ? engine->settings.metadata : "p2p";
+    const char *uri = engine->settings.metadata[0] ? engine->settings.metadata
+                                                   : default_metadata(engine);
     metadata_scheme(uri, scheme, sizeof(scheme));
     ferry_status_t status = ferry_plugin_find(engine->settings.module_dir, FERRY_PLUGIN_METADATA,
                                               scheme, &engine->metadata_plugin);
@@ -147,11 +160,10 @@ static ferry_status_t start_metadata(ferry_engine_t *engine)
         .rpc_fetch = ferry_engine_rpc_fetch,
         .segment_changed = ferry_segment_cache_changed,
     };
+    /* The store logged why (once); no second line here. */
     status = engine->metadata->create(&engine->metadata_services, uri, &engine->metadata_ctx);
-    if (status != FERRY_OK) {
-        ferry_error("metadata store \"%s\": %s", uri, ferry_status_string(status));
+    if (status != FERRY_OK)
         return status;
-    }
     if (engine->settings.segment_name[0] != '\0') {
         engine->name = strdup(engine->settings.segment_name);
     } else if (engine->metadata->default_name != NULL) {
@@ -313,6 +325,10 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     pthread_mutex_lock(&engine->register_lock);
     status = ferry_engine_publish_locked(engine);
     pthread_mutex_unlock(&engine->register_lock);
+    /* A name the store refuses (the store said why) never becomes valid;
+     * an unreachable store may come back. */
+    if (status == FERRY_ERR_INVALID_PARAM)
+        goto err_destroy;
     if (status != FERRY_OK)
         ferry_warn("segment %s is not published yet: %s (registrations will retry)",
                    engine->name, ferry_status_string(status));

@@ -116,20 +116,31 @@ static void find_in_dir(const char *dir, void *arg)
         args->found = plugin;
 }
 
-ferry_status_t ferry_plugin_find(const char *module_dir, ferry_plugin_kind_t kind,
-                                 const char *name, const ferry_plugin_t **plugin_p)
+/* Built-in first, then the module path; args->why says why a module failed. */
+static const ferry_plugin_t *plugin_lookup(const char *module_dir, struct find_args *args)
 {
     for (size_t i = 0; i < FERRY_ARRAY_SIZE(builtins); i++) {
         const ferry_plugin_t *plugin = builtins[i]();
-        if (plugin->kind == kind && strcmp(plugin->name, name) == 0) {
-            *plugin_p = plugin;
-            return FERRY_OK;
-        }
+        if (plugin->kind == args->kind && strcmp(plugin->name, args->name) == 0)
+            return plugin;
     }
+    for_each_dir(module_dir, find_in_dir, args);
+    return args->found;
+}
+
+int ferry_plugin_available(const char *module_dir, ferry_plugin_kind_t kind, const char *name)
+{
     struct find_args args = {.kind = kind, .name = name};
-    for_each_dir(module_dir, find_in_dir, &args);
-    if (args.found) {
-        *plugin_p = args.found;
+    return plugin_lookup(module_dir, &args) != NULL;
+}
+
+ferry_status_t ferry_plugin_find(const char *module_dir, ferry_plugin_kind_t kind,
+                                 const char *name, const ferry_plugin_t **plugin_p)
+{
+    struct find_args args = {.kind = kind, .name = name};
+    const ferry_plugin_t *plugin = plugin_lookup(module_dir, &args);
+    if (plugin != NULL) {
+        *plugin_p = plugin;
         return FERRY_OK;
     }
     if (args.why[0])

@@ -8,7 +8,6 @@
  */
 #include <ferry/ferry.h>
 
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -20,6 +19,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "tool_args.h"
 
 #define SEGMENT_LINE "FERRY_BENCH_SEGMENT "
 
@@ -70,26 +71,6 @@ static double now_seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_size(const char *text, size_t *value_p)
-{
-    char *end;
-    errno = 0;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (end == text || errno || *text == '-')
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (*end != '\0')
-        return -1;
-    *value_p = (size_t)(value << shift);
-    return 0;
 }
 
 /* The byte a target holds at offset o of its buffer (read --verify). */
@@ -171,19 +152,19 @@ static int parse_options(int argc, char **argv, options_t *o)
             o->write = strcmp(optarg, "write") == 0;
             break;
         case 'b':
-            if (parse_size(optarg, &o->block_size) || o->block_size == 0) {
+            if (ferry_tool_parse_size(optarg, &o->block_size) || o->block_size == 0) {
                 fprintf(stderr, "ferry_bench: bad --block-size %s\n", optarg);
                 return -1;
             }
             break;
         case 'B':
-            if (parse_size(optarg, &o->batch_size) || o->batch_size == 0) {
+            if (ferry_tool_parse_size(optarg, &o->batch_size) || o->batch_size == 0) {
                 fprintf(stderr, "ferry_bench: bad --batch-size %s\n", optarg);
                 return -1;
             }
             break;
         case 'S':
-            if (parse_size(optarg, &o->buffer_size) || o->buffer_size == 0) {
+            if (ferry_tool_parse_size(optarg, &o->buffer_size) || o->buffer_size == 0) {
                 fprintf(stderr, "ferry_bench: bad --buffer-size %s\n", optarg);
                 return -1;
             }

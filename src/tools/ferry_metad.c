@@ -32,6 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tool_args.h"
+
 #define PERSIST_MAGIC "ferry_metad 1\n"
 /* 413: its MHD_HTTP_ name changed across libmicrohttpd versions */
 #define HTTP_TOO_LARGE 413
@@ -525,26 +527,6 @@ static void usage(FILE *out)
             "it.\n");
 }
 
-static int parse_size(const char *text, size_t *value_p)
-{
-    char *end;
-    errno = 0;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (end == text || errno != 0 || *text == '-')
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (*end != '\0' || (shift && value > (~0ull >> shift)))
-        return -1;
-    *value_p = (size_t)(value << shift);
-    return 0;
-}
-
 /* Bind and listen on "host:port" ("[v6]:port"); fills the text to print. */
 static int open_listener(const char *listen_on, char *shown, size_t shown_len, int *family_p)
 {
@@ -621,7 +603,7 @@ int main(int argc, char **argv)
         case 'l': listen_on = optarg; break;
         case 'p': persist_path = optarg; break;
         case 'b':
-            if (parse_size(optarg, &max_body) != 0) {
+            if (ferry_tool_parse_size(optarg, &max_body) != 0) {
                 fprintf(stderr, "ferry_metad: bad --max-body %s\n", optarg);
                 return 2;
             }

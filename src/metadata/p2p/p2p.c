@@ -93,7 +93,8 @@ static const ferry_plugin_t p2p_plugin = {
     .kind = FERRY_PLUGIN_METADATA,
     .name = "p2p",
     .flags = FERRY_METADATA_OWNER_SERVES,
-    .description = "serverless: descriptors fetched from their owner over RPC (default)",
+    .description = "serverless: descriptors fetched from their owner over RPC (default outside "
+                   "PMIx jobs)",
     .ops = &p2p_ops,
 };
 
