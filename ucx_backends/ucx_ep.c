@@ -353,6 +353,13 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     ferry_status_t result = parse_endpoint(ep);
     if (result != FERRY_OK)
         return result;
+    /* A same-host peer known to be gone is not connected to: after a death
+     * every retry would otherwise build (and leave behind) an endpoint into
+     * a dead process's FIFO. */
+    if (ep->pid > 0 && !ferry_process_alive(ep->pid, ep->start_time)) {
+        ferry_debug("ucx: peer %s (pid %ld) is gone; not connecting", ep->name, ep->pid);
+        return FERRY_ERR_PEER_FAILED;
+    }
     void *address;
     result = pick_remote_address(ep, &address);
     if (result != FERRY_OK)

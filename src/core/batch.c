@@ -216,8 +216,25 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
     return status == FERRY_OK ? resolve_in(engine, req) : status;
 }
 
+/* The local buffer's registry entry: the previous request's when it holds
+ * this range too (its reference keeps the entry alive, so a second one needs
+ * no lookup and no lock), else a lookup. */
+static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
+                                      const request_state_t *prev)
+{
+    ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
+    uintptr_t addr = (uintptr_t)req->local;
+    if (entry != NULL && addr >= entry->addr && req->length <= entry->length &&
+        addr - entry->addr <= entry->length - req->length && !atomic_load(&entry->dying)) {
+        atomic_fetch_add(&entry->inflight, 1);
+        return entry;
+    }
+    return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
+}
+
+/* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
-                              request_state_t *req)
+                              request_state_t *req, const request_state_t *prev)
 {
     ferry_engine_t *engine = batch->engine;
     ferry_slice_t *slices = req->slices;
@@ -239,7 +256,13 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->local = in->local;
     req->remote_addr = in->target_offset;
     req->length = in->length;
-    ferry_status_t status = ferry_segment_descriptor(engine, req->segment, &req->desc);
+    /* One submit sees one descriptor per segment: a run of requests to one
+     * segment shares the first one's (no segment lock per request). */
+    ferry_status_t status = FERRY_OK;
+    if (prev != NULL && prev->segment == req->segment && prev->desc != NULL)
+        req->desc = ferry_descriptor_ref(prev->desc);
+    else
+        status = ferry_segment_descriptor(engine, req->segment, &req->desc);
     if (status != FERRY_OK)
         return status;
     status = resolve_in(engine, req);
@@ -249,8 +272,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
         ferry_error("segment \"%s\" has no buffer holding [0x%llx, +%zu)", req->segment->name,
                     (unsigned long long)req->remote_addr, req->length);
     if (status == FERRY_OK)
-        req->local_entry = ferry_registry_acquire(&engine->registry, (uintptr_t)req->local,
-                                                  req->length, 0);
+        req->local_entry = local_entry(engine, req, prev);
     return status;
 }
 
@@ -492,7 +514,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     }
     request_state_t *reqs = &batch->requests[batch->used];
     for (size_t i = 0; i < count; i++) {
-        status = resolve(batch, &requests[i], &reqs[i]);
+        status = resolve(batch, &requests[i], &reqs[i], i > 0 ? &reqs[i - 1] : NULL);
         if (status != FERRY_OK) {
             for (size_t j = 0; j <= i; j++)
                 request_release(engine, &reqs[j]);
