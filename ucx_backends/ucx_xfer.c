@@ -293,56 +293,48 @@ static void kick_progress(ferry_ucx_worker_t *w)
  * ferry_alloc buffer), with their addresses, resolved under ep->lock and
  * copied after it: what UCX's own rkey_ptr protocol does, minus its request,
  * its worker lock and the flush. */
+typedef struct direct_copy {
+    ferry_slice_t *slice;
+    void *remote;
+} direct_copy_t;
+
 typedef struct direct_copies {
     size_t count, capacity;
-    ferry_slice_t **slices;
-    void **remote;
-    ferry_slice_t *inline_slices[64];
-    void *inline_remote[64];
+    direct_copy_t *items;
+    direct_copy_t inline_items[64];
 } direct_copies_t;
 
 static void direct_copies_init(direct_copies_t *c)
 {
     c->count = 0;
-    c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_slices);
-    c->slices = c->inline_slices;
-    c->remote = c->inline_remote;
+    c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_items);
+    c->items = c->inline_items;
 }
 
 static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice, void *remote)
 {
     if (c->count == c->capacity) {
-        size_t capacity = c->capacity * 2;
-        ferry_slice_t **slices = malloc(capacity * sizeof(*slices));
-        void **addrs = malloc(capacity * sizeof(*addrs));
-        if (slices == NULL || addrs == NULL) {
-            free(slices);
-            free(addrs);
+        direct_copy_t *grown = malloc(2 * c->capacity * sizeof(*grown));
+        if (grown == NULL)
             return FERRY_ERR_NO_MEMORY;
-        }
-        memcpy(slices, c->slices, c->count * sizeof(*slices));
-        memcpy(addrs, c->remote, c->count * sizeof(*addrs));
-        if (c->slices != c->inline_slices) {
-            free(c->slices);
-            free(c->remote);
-        }
-        c->slices = slices;
-        c->remote = addrs;
-        c->capacity = capacity;
+        memcpy(grown, c->items, c->count * sizeof(*grown));
+        if (c->items != c->inline_items)
+            free(c->items);
+        c->items = grown;
+        c->capacity *= 2;
     }
-    c->slices[c->count] = slice;
-    c->remote[c->count++] = remote;
+    c->items[c->count++] = (direct_copy_t){slice, remote};
     return FERRY_OK;
 }
 
 static void direct_copies_run(direct_copies_t *c)
 {
     for (size_t i = 0; i < c->count; i++) {
-        ferry_slice_t *s = c->slices[i];
+        ferry_slice_t *s = c->items[i].slice;
         if (s->opcode == FERRY_OP_WRITE)
-            memcpy(c->remote[i], s->local, s->length);
+            memcpy(c->items[i].remote, s->local, s->length);
         else
-            memcpy(s->local, c->remote[i], s->length);
+            memcpy(s->local, c->items[i].remote, s->length);
     }
     /* The copies (non-temporal stores for large ones) are in the target's
      * memory before anyone hears that they completed. */
@@ -352,17 +344,15 @@ static void direct_copies_run(direct_copies_t *c)
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
 {
     for (size_t i = 0; i < c->count; i++) {
-        c->slices[i]->next = NULL;
-        svc->slice_done(c->slices[i], FERRY_OK);
+        c->items[i].slice->next = NULL;
+        svc->slice_done(c->items[i].slice, FERRY_OK);
     }
 }
 
 static void direct_copies_release(direct_copies_t *c)
 {
-    if (c->slices != c->inline_slices) {
-        free(c->slices);
-        free(c->remote);
-    }
+    if (c->items != c->inline_items)
+        free(c->items);
 }
 
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
@@ -476,6 +466,10 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         pthread_mutex_unlock(&ep->lock);
         if (group != NULL)
             group_abandon(group);
+        if (posts != NULL) { /* a post UCX refused at once fails with the rest */
+            *posts_tail = rest;
+            rest = posts;
+        }
     }
     if (copies.count > 0) {
         /* Outside the lock, so threads writing to one peer copy in parallel. */
@@ -485,7 +479,10 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         direct_copies_finish(&copies, &ucx->svc);
     }
     direct_copies_release(&copies);
-    ferry_ucx_slices_finish(&ucx->svc, rest, result != FERRY_OK ? result : FERRY_ERR_INVALID_PARAM);
+    ferry_ucx_slices_finish(&ucx->svc, rest,
+                            result != FERRY_OK   ? result
+                            : status != UCS_OK   ? ferry_ucx_status(status)
+                                                 : FERRY_ERR_INVALID_PARAM);
     ferry_ucx_ep_unref(ep);
     return FERRY_OK;
 }

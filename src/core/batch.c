@@ -340,26 +340,31 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
     return FERRY_OK;
 }
 
-static ferry_slice_t *last_slice(request_state_t *req)
+/* Hand n requests to the same peer through the same transport over in one
+ * submit, their slices chained.  Non-OK: nothing was queued. */
+static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
-    ferry_slice_t *slice = req->slices;
-    while (slice->next != NULL)
-        slice = slice->next;
-    return slice;
+    ferry_slice_t **tail = NULL;
+    for (size_t i = 0; i < n; i++) {
+        ferry_status_t status = prepare_slices(engine, &reqs[i]);
+        if (status != FERRY_OK)
+            return status;
+        if (tail != NULL)
+            *tail = reqs[i].slices;
+        tail = &reqs[i].slices[atomic_load(&reqs[i].slices_left) - 1].next;
+    }
+    ferry_transport_instance_t *tp = &engine->transports[reqs[0].transport];
+    ferry_peer_t peer;
+    ferry_engine_make_peer(engine, reqs[0].desc, reqs[0].desc_transport, &peer);
+    ferry_status_t status = tp->ops->submit(tp->ctx, &peer, reqs[0].slices);
+    if (status == FERRY_OK)
+        atomic_fetch_add(&tp->requests_served, n);
+    return status;
 }
 
 static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
 {
-    ferry_status_t status = prepare_slices(engine, req);
-    if (status != FERRY_OK)
-        return status;
-    ferry_transport_instance_t *tp = &engine->transports[req->transport];
-    ferry_peer_t peer;
-    ferry_engine_make_peer(engine, req->desc, req->desc_transport, &peer);
-    status = tp->ops->submit(tp->ctx, &peer, req->slices);
-    if (status == FERRY_OK)
-        atomic_fetch_add(&tp->requests_served, 1);
-    return status;
+    return submit_run(engine, req, 1);
 }
 
 static void launch(ferry_engine_t *engine, request_state_t *req)
@@ -409,24 +414,10 @@ static void launch(ferry_engine_t *engine, request_state_t *req)
  * refresh-and-retry). */
 static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
-    size_t prepared = 0;
-    ferry_status_t status = FERRY_OK;
-    for (; prepared < n && status == FERRY_OK; prepared++) {
-        atomic_store(&reqs[prepared].state, FERRY_XFER_PENDING);
-        status = prepare_slices(engine, &reqs[prepared]);
-        if (status == FERRY_OK && prepared > 0)
-            last_slice(&reqs[prepared - 1])->next = reqs[prepared].slices;
-    }
-    if (status == FERRY_OK) {
-        ferry_transport_instance_t *tp = &engine->transports[reqs[0].transport];
-        ferry_peer_t peer;
-        ferry_engine_make_peer(engine, reqs[0].desc, reqs[0].desc_transport, &peer);
-        status = tp->ops->submit(tp->ctx, &peer, reqs[0].slices);
-        if (status == FERRY_OK) {
-            atomic_fetch_add(&tp->requests_served, n);
-            return; /* the slices are the transport's now: reqs may finish any time */
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        atomic_store(&reqs[i].state, FERRY_XFER_PENDING);
+    if (submit_run(engine, reqs, n) == FERRY_OK)
+        return; /* the slices are the transport's now: reqs may finish any time */
     for (size_t i = 0; i < n; i++)
         launch(engine, &reqs[i]);
 }
@@ -563,13 +554,6 @@ static ferry_descriptor_t *take_attached_notify(ferry_batch_t *batch, void **msg
     return desc;
 }
 
-static uint64_t monotonic_us(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
-}
-
 /* Before sleeping, poll the transports that can progress on our thread: a
  * short request then completes here, without the wakeup of a handoff from
  * the transport's thread (tens of microseconds on a busy host). */
@@ -581,8 +565,8 @@ static void drive_progress(ferry_batch_t *batch, int timeout_ms)
         return;
     if (timeout_ms >= 0 && spin_us > (uint64_t)timeout_ms * 1000u)
         spin_us = (uint64_t)timeout_ms * 1000u;
-    uint64_t start = monotonic_us();
-    while (atomic_load(&batch->pending) > 0 && monotonic_us() - start < spin_us)
+    uint64_t start = ferry_time_us();
+    while (atomic_load(&batch->pending) > 0 && ferry_time_us() - start < spin_us)
         for (size_t i = 0; i < engine->n_progress; i++)
             engine->progress[i]->ops->progress(engine->progress[i]->ctx);
 }

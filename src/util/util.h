@@ -21,6 +21,7 @@ void ferry_log_init(void);
 
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
+uint64_t ferry_time_us(void); /* monotonic */
 /* The kernel's boot id (no newline); 0 if unreadable. */
 int ferry_boot_id(char *out, size_t len);
 
