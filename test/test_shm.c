@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "capture_stderr.h"
+#include "one_request.h"
 #include "peer_process.h"
 #include "test_pattern.h"
 
@@ -59,16 +60,10 @@ static double now(void)
 static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
                                uint64_t remote, size_t length, char *transport, size_t len)
 {
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {op, buf, segment, remote, length};
-    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
-    if (status == FERRY_OK)
-        status = ferry_batch_wait(batch, 30000);
     ferry_xfer_status_t xs;
-    if (transport != NULL && ferry_batch_status(batch, 0, &xs) == FERRY_OK)
+    ferry_status_t status = one_request(engine, op, buf, segment, remote, length, &xs);
+    if (transport != NULL)
         snprintf(transport, len, "%s", xs.transport ? xs.transport : "");
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     return status;
 }
 

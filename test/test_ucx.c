@@ -22,6 +22,7 @@
 #include "peer_process.h"
 #include "service_process.h"
 #include "capture_stderr.h"
+#include "one_request.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -67,20 +68,13 @@ TestSuite(ucx, .fini = stop, .timeout = 60);
 static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
                                uint64_t remote, size_t length, const char *want_transport)
 {
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {op, buf, segment, remote, length};
-    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
-    if (status == FERRY_OK)
-        status = ferry_batch_wait(batch, 30000);
+    ferry_xfer_status_t xs;
+    ferry_status_t status = one_request(engine, op, buf, segment, remote, length, &xs);
     if (status == FERRY_OK && want_transport != NULL) {
-        ferry_xfer_status_t xs;
-        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
         cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
         cr_assert_eq(xs.transferred, length);
         cr_assert_str_eq(xs.transport, want_transport, "served by %s", xs.transport);
     }
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     return status;
 }
 

@@ -1,0 +1,19 @@
+#include "one_request.h"
+
+#include <criterion/criterion.h>
+
+ferry_status_t one_request(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                           ferry_segment_h segment, uint64_t remote, size_t length,
+                           ferry_xfer_status_t *xs_p)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    if (xs_p != NULL && ferry_batch_status(batch, 0, xs_p) != FERRY_OK)
+        *xs_p = (ferry_xfer_status_t){0};
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}

@@ -1,0 +1,13 @@
+/* One request in its own batch, for tests that look at single transfers. */
+#ifndef FERRY_TEST_ONE_REQUEST_H
+#define FERRY_TEST_ONE_REQUEST_H
+
+#include <ferry/ferry.h>
+
+/* Submit, wait (30 s at most) and destroy the batch; *xs_p (if not NULL)
+ * gets the request's status as ferry_batch_status reports it. */
+ferry_status_t one_request(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                           ferry_segment_h segment, uint64_t remote, size_t length,
+                           ferry_xfer_status_t *xs_p);
+
+#endif
