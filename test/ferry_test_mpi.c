@@ -52,7 +52,8 @@ static void transfer(ferry_engine_h engine, ferry_opcode_t op, void *local, ferr
 {
     ferry_batch_h batch;
     CHECK_OK(ferry_batch_create(engine, 1, &batch));
-    ferry_request_t req = {op, local, seg, remote, length};
+    ferry_request_t req = {.opcode = op, .local = local, .target = seg, .target_offset = remote,
+                           .length = length};
     CHECK_OK(ferry_batch_submit(batch, &req, 1));
     CHECK_OK(ferry_batch_wait(batch, 60000));
     CHECK_OK(ferry_batch_destroy(batch));

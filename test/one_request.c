@@ -6,9 +6,17 @@ ferry_status_t one_request(ferry_engine_h engine, ferry_opcode_t op, void *buf,
                            ferry_segment_h segment, uint64_t remote, size_t length,
                            ferry_xfer_status_t *xs_p)
 {
+    return one_request_via(engine, op, buf, segment, remote, length, NULL, xs_p);
+}
+
+ferry_status_t one_request_via(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                               ferry_segment_h segment, uint64_t remote, size_t length,
+                               const char *transport, ferry_xfer_status_t *xs_p)
+{
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_request_t req = {.opcode = op, .local = buf, .target = segment, .target_offset = remote,
+                           .length = length, .transport = transport};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 30000);

@@ -9,5 +9,9 @@
 ferry_status_t one_request(ferry_engine_h engine, ferry_opcode_t op, void *buf,
                            ferry_segment_h segment, uint64_t remote, size_t length,
                            ferry_xfer_status_t *xs_p);
+/* The same with the request's transport field set (NULL: the engine picks). */
+ferry_status_t one_request_via(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                               ferry_segment_h segment, uint64_t remote, size_t length,
+                               const char *transport, ferry_xfer_status_t *xs_p);
 
 #endif

@@ -29,7 +29,8 @@ Test(api, stale_and_foreign_handles_are_errors)
     /* a batch of b with a's segment */
     cr_assert_eq(ferry_batch_create(b, 4, &batch), FERRY_OK);
     char buf[8];
-    ferry_request_t req = {FERRY_OP_WRITE, buf, seg_a, 0, 8};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = buf, .target = seg_a,
+                           .target_offset = 0, .length = 8};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_INVALID_HANDLE);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_ERR_INVALID_HANDLE, "freed batch");
@@ -65,7 +66,8 @@ Test(api, batch_limits_and_busy_destroy)
     cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
     ferry_request_t reqs[3];
     for (int i = 0; i < 3; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, buf, self, (uint64_t)(uintptr_t)buf, 10};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = buf, .target = self,
+                                    .target_offset = (uint64_t)(uintptr_t)buf, .length = 10};
     cr_assert_eq(ferry_batch_submit(batch, reqs, 3), FERRY_ERR_TOO_MANY);
     reqs[1].opcode = (ferry_opcode_t)7;
     cr_assert_eq(ferry_batch_submit(batch, reqs, 2), FERRY_ERR_INVALID_PARAM);
@@ -164,8 +166,9 @@ static void check_alloc_and_free(const char *transports)
     cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
     char text[] = "allocated";
-    ferry_request_t req = {FERRY_OP_WRITE, text, self, (uint64_t)(uintptr_t)(mem + 100),
-                           sizeof(text)};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = text, .target = self,
+                           .target_offset = (uint64_t)(uintptr_t)(mem + 100),
+                           .length = sizeof(text)};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 5000), FERRY_OK);
     cr_assert_str_eq((char *)mem + 100, "allocated");

@@ -49,7 +49,8 @@ static ferry_status_t write_once(ferry_segment_h segment, uint64_t remote, size_
 {
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {FERRY_OP_WRITE, local, segment, remote, length};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = remote, .length = length};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 30000);
@@ -74,7 +75,9 @@ static void check_failure_within_bound(int sig)
     ferry_request_t reqs[N];
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     for (int i = 0; i < N; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, 64 * MIB};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
+                                    .target = victim_seg, .target_offset = victim.arena,
+                                    .length = 64 * MIB};
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
     usleep(50000);
     double start = now();

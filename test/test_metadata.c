@@ -87,7 +87,8 @@ static ferry_status_t write_to(ferry_engine_h engine, ferry_segment_h segment,
     test_pattern_fill(local, len, seed);
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {FERRY_OP_WRITE, local, segment, peer->arena + off, len};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = peer->arena + off, .length = len};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 20000);

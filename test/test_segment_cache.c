@@ -107,7 +107,8 @@ Test(segment_cache, missing_range_refreshes_once_then_fails)
     char buf[16];
     cr_assert_eq(ferry_segment_open(engine, owner_rpc, &seg), FERRY_OK);
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {FERRY_OP_WRITE, buf, seg, 0x20000, sizeof(buf)};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = buf, .target = seg,
+                           .target_offset = 0x20000, .length = sizeof(buf)};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
     cr_assert_eq(atomic_load(&fetches), 2, "open + one refresh");
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);

@@ -110,7 +110,9 @@ Test(shm, killed_peer_fails_at_once_and_others_keep_working)
     ferry_request_t reqs[N];
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     for (int i = 0; i < N; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, 64 * MIB};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
+                                    .target = victim_seg, .target_offset = victim.arena,
+                                    .length = 64 * MIB};
     double killed = 0, begin = now();
     ferry_status_t status;
     int rounds = 0;
@@ -200,4 +202,97 @@ Test(shm, default_order_on_one_host)
     int have_ucx = strstr(plugins, "transport ucx") != NULL;
     free(plugins);
     cr_assert_str_eq(allocated, have_ucx ? "ucx" : "shm");
+}
+
+/* A request that names its transport: served by it where it reaches the
+ * buffer (tcp instead of the default shm), refused where it cannot (shm
+ * across hosts, a transport this engine did not enable) with a line saying
+ * why, and a batch mixing named and unnamed requests serves each its way. */
+typedef struct named_case {
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char served[4][32];
+    ferry_status_t refused_status, unknown_status, mixed_status;
+} named_case_t;
+
+static void named_requests(void *arg)
+{
+    named_case_t *c = arg;
+    ferry_xfer_status_t xs;
+    test_pattern_fill(local, MIB, 5);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_WRITE, local, c->segment, c->peer.arena, MIB,
+                                 "tcp", &xs),
+                 FERRY_OK);
+    snprintf(c->served[0], sizeof(c->served[0]), "%s", xs.transport);
+    cr_assert_str_eq(peer_cmd(&c->peer, "check 0 %zu 5", MIB), "OK");
+    c->unknown_status = one_request_via(engine, FERRY_OP_WRITE, local, c->segment, c->peer.arena,
+                                        MIB, "no-such-transport", NULL);
+
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 3, &batch), FERRY_OK);
+    test_pattern_fill(local + MIB, 3 * MIB, 6);
+    ferry_request_t reqs[3];
+    const char *names[3] = {"tcp", NULL, "shm"};
+    for (size_t i = 0; i < 3; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + (i + 1) * MIB,
+                                    .target = c->segment, .target_offset = c->peer.arena +
+                                                                           (i + 1) * MIB,
+                                    .length = MIB, .transport = names[i]};
+    c->mixed_status = ferry_batch_submit(batch, reqs, 3);
+    if (c->mixed_status == FERRY_OK)
+        c->mixed_status = ferry_batch_wait(batch, 30000);
+    for (size_t i = 0; i < 3 && c->mixed_status == FERRY_OK; i++) {
+        cr_assert_eq(ferry_batch_status(batch, i, &xs), FERRY_OK);
+        snprintf(c->served[i + 1], sizeof(c->served[i + 1]), "%s", xs.transport);
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&c->peer, "check %zu %zu 6", MIB, 3 * MIB), "OK");
+}
+
+Test(shm, a_request_can_name_its_transport)
+{
+    start("shm,tcp");
+    named_case_t c;
+    cr_assert_eq(peer_start(&c.peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&c.peer, "reg 0 %zu", 8 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, c.peer.name, &c.segment), FERRY_OK);
+    char *log = capture_stderr(named_requests, &c);
+    cr_assert_not_null(log);
+    cr_assert_str_eq(c.served[0], "tcp");
+    cr_assert_eq(c.unknown_status, FERRY_ERR_UNSUPPORTED);
+    cr_assert_not_null(strstr(log, "\"no-such-transport\" is not enabled"), "%s", log);
+    cr_assert_eq(c.mixed_status, FERRY_OK, "%s", ferry_status_string(c.mixed_status));
+    cr_assert_str_eq(c.served[1], "tcp");
+    cr_assert_str_eq(c.served[2], "shm", "an unnamed request takes the default order");
+    cr_assert_str_eq(c.served[3], "shm");
+    free(log);
+    ferry_segment_close(engine, c.segment);
+    peer_stop(&c.peer);
+}
+
+static void shm_across_hosts(void *arg)
+{
+    named_case_t *c = arg;
+    c->refused_status = one_request_via(engine, FERRY_OP_WRITE, local, c->segment, c->peer.arena,
+                                        4096, "shm", NULL);
+}
+
+Test(shm, a_request_naming_a_same_host_transport_across_hosts_is_refused)
+{
+    start("shm,tcp");
+    static const char *const other[] = {"FERRY_HOST_ID=another-host", NULL};
+    named_case_t c;
+    cr_assert_eq(peer_start(&c.peer, other), 0);
+    cr_assert_str_eq(peer_cmd(&c.peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&c.peer, "fill 0 4096 3"), "OK");
+    cr_assert_eq(ferry_segment_open(engine, c.peer.name, &c.segment), FERRY_OK);
+    char *log = capture_stderr(shm_across_hosts, &c);
+    cr_assert_not_null(log);
+    cr_assert_eq(c.refused_status, FERRY_ERR_UNSUPPORTED);
+    cr_assert_not_null(strstr(log, "asks for transport shm, but it reaches peers on this host"),
+                       "%s", log);
+    free(log);
+    cr_assert_str_eq(peer_cmd(&c.peer, "check 0 4096 3"), "OK", "nothing was written");
+    ferry_segment_close(engine, c.segment);
+    peer_stop(&c.peer);
 }

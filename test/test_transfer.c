@@ -46,7 +46,8 @@ static ferry_status_t transfer(ferry_opcode_t op, void *buf, uint64_t remote, si
 {
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 4, &batch), FERRY_OK);
-    ferry_request_t req = {op, buf, segment, remote, length};
+    ferry_request_t req = {.opcode = op, .local = buf, .target = segment, .target_offset = remote,
+                           .length = length};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 60000);
@@ -111,16 +112,19 @@ static void *worker_main(void *arg)
         ferry_request_t reqs[8];
         for (int i = 0; i < 8; i++) {
             test_pattern_fill(mine + (size_t)i * block, block, (unsigned)(w->index * 100 + round));
-            reqs[i] = (ferry_request_t){FERRY_OP_WRITE, mine + (size_t)i * block, segment,
-                                        theirs + (uint64_t)i * block, block};
+            reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                        .local = mine + (size_t)i * block, .target = segment,
+                                        .target_offset = theirs + (uint64_t)i * block,
+                                        .length = block};
         }
         w->status = ferry_batch_submit(batch, reqs, 8);
         if (w->status == FERRY_OK)
             w->status = ferry_batch_wait(batch, 60000);
         /* read it back into the second half of the region */
         for (int i = 0; i < 8 && w->status == FERRY_OK; i++) {
-            ferry_request_t back = {FERRY_OP_READ, mine + 2 * MIB + 17, segment,
-                                    theirs + (uint64_t)i * block, block};
+            ferry_request_t back = {.opcode = FERRY_OP_READ, .local = mine + 2 * MIB + 17,
+                                    .target = segment,
+                                    .target_offset = theirs + (uint64_t)i * block, .length = block};
             w->status = ferry_batch_submit(batch, &back, 1);
             if (w->status == FERRY_OK)
                 w->status = ferry_batch_wait(batch, 60000);
@@ -158,8 +162,9 @@ Test(transfer, batch_of_many_small_requests)
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     test_pattern_fill(local, N * 100, 77);
     for (int i = 0; i < N; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local + i * 100, segment,
-                                    peer.arena + 1000 + i * 100, 100};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + i * 100,
+                                    .target = segment,
+                                    .target_offset = peer.arena + 1000 + i * 100, .length = 100};
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
     for (int i = 0; i < N; i++) {
@@ -178,8 +183,10 @@ Test(transfer, notify_attached_to_batch_arrives_after_its_data)
     test_pattern_fill(local, 8 * MIB, 31);
     ferry_request_t reqs[4];
     for (int i = 0; i < 4; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local + (size_t)i * 2 * MIB, segment,
-                                    peer.arena + (size_t)i * 2 * MIB, 2 * MIB};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + (size_t)i * 2 * MIB, .target = segment,
+                                    .target_offset = peer.arena + (size_t)i * 2 * MIB,
+                                    .length = 2 * MIB};
     cr_assert_eq(ferry_batch_submit(batch, reqs, 4), FERRY_OK);
     cr_assert_eq(ferry_batch_notify(batch, segment, "done", 4), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
@@ -200,8 +207,9 @@ Test(transfer, own_segment_is_reachable)
     test_pattern_fill(local, 1000, 5);
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {FERRY_OP_WRITE, local, self, (uint64_t)(uintptr_t)(local + MIB),
-                           1000};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = self,
+                           .target_offset = (uint64_t)(uintptr_t)(local + MIB),
+                           .length = 1000};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 1000), FERRY_OK);
     cr_assert_eq(test_pattern_check(local + MIB, 1000, 5), SIZE_MAX);
@@ -222,7 +230,8 @@ Test(transfer, request_outside_remote_buffers_is_refused)
     snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu 4096", 70 * MIB));
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {FERRY_OP_WRITE, local, segment, peer.arena + 70 * MIB - 10, 100};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = peer.arena + 70 * MIB - 10, .length = 100};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);

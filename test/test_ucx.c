@@ -137,9 +137,12 @@ static void put_get_sizes(int allocated)
     for (int i = 0; i < N; i++) {
         int write = i % 2 == 0;
         size_t k = (size_t)i / 2;
-        reqs[i] = (ferry_request_t){write ? FERRY_OP_WRITE : FERRY_OP_READ,
-                                    write ? local + k * 4096 : local + MIB + k * 4096, segment,
-                                    peer.arena + (write ? 0 : 32 * MIB) + k * 4096, 4096};
+        reqs[i] = (ferry_request_t){.opcode = write ? FERRY_OP_WRITE : FERRY_OP_READ,
+                                    .local = write ? local + k * 4096 : local + MIB + k * 4096,
+                                    .target = segment,
+                                    .target_offset = peer.arena + (write ? 0 : 32 * MIB) +
+                                                     k * 4096,
+                                    .length = 4096};
     }
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
@@ -281,7 +284,9 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated)
     size_t length = allocated ? 16 * MIB : 64 * MIB;
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     for (int i = 0; i < N; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local, victim_seg, victim.arena, length};
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
+                                    .target = victim_seg, .target_offset = victim.arena,
+                                    .length = length};
     /* Submit may itself copy (shared memory): hurt the peer from aside, and
      * keep writing until a batch fails (with plain stores into attached
      * memory a batch can finish between two looks at the peer). */
@@ -440,7 +445,8 @@ static const char *same_host_write_transport(int debian_defaults, int allocated)
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     test_pattern_fill(local, 8 * MIB, 4);
     ferry_batch_h batch;
-    ferry_request_t req = {FERRY_OP_WRITE, local, segment, peer.arena, 8 * MIB};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = peer.arena, .length = 8 * MIB};
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
@@ -493,7 +499,8 @@ static void write_with_notify(void *arg)
     struct notify_case *c = arg;
     ferry_batch_h batch;
     test_pattern_fill(local, MIB, 5);
-    ferry_request_t req = {FERRY_OP_WRITE, local, c->segment, c->peer->arena, MIB};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = c->segment,
+                           .target_offset = c->peer->arena, .length = MIB};
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
     cr_assert_eq(ferry_batch_notify(batch, c->segment, c->msg, strlen(c->msg)), FERRY_OK);
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);

@@ -127,6 +127,13 @@ typedef struct ferry_request {
     ferry_segment_h target;
     uint64_t target_offset; /* an address in the target segment (the published addr) */
     size_t length;
+    /* NULL: the engine picks the transport (FERRY_TRANSPORTS, then the
+     * default order).  A name ("tcp", "shm", "ucx", "cxl", ...): that
+     * transport serves the request, or the submit fails with
+     * FERRY_ERR_UNSUPPORTED and a log line saying why (not enabled here or
+     * by the peer, same-host only, or it does not reach the buffer).
+     * Requests to the engine's own segment are local copies regardless. */
+    const char *transport;
 } ferry_request_t;
 
 typedef enum ferry_xfer_state {

@@ -25,6 +25,7 @@ typedef struct request_state {
     ferry_descriptor_t *desc;           /* held while the request lives */
     const ferry_desc_buffer_t *buffer;  /* inside desc */
     int transport;                      /* engine transport index, -1: local copy */
+    int wanted;                         /* the request's own transport, -1: none */
     int desc_transport;                 /* index in desc->transports */
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
     ferry_slice_t *slices;              /* kept across submits of this slot */
@@ -132,25 +133,41 @@ void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t 
     peer_tell(engine, desc, 1);
 }
 
+/* Whether engine transport i reaches the buffer: why not (a static text)
+ * or NULL and *reach_p, *desc_transport_p set. */
+static const char *transport_reach(ferry_engine_t *engine, size_t i,
+                                   const ferry_descriptor_t *desc,
+                                   const ferry_desc_buffer_t *buffer, int *reach_p,
+                                   int *desc_transport_p)
+{
+    ferry_transport_instance_t *tp = &engine->transports[i];
+    if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) &&
+        strcmp(desc->host_id, engine->host_id) != 0)
+        return "it reaches peers on this host only";
+    int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
+    if (j < 0)
+        return "the peer did not enable it";
+    if (buffer->keys[j] == NULL)
+        return "the peer's buffer is not registered with it";
+    ferry_peer_t peer;
+    ferry_engine_make_peer(engine, desc, j, &peer);
+    *reach_p = tp->ops->reaches != NULL ? tp->ops->reaches(tp->ctx, &peer, buffer->keys[j])
+                                        : FERRY_REACH_YES;
+    *desc_transport_p = j;
+    return *reach_p == FERRY_REACH_NO ? "it does not reach the peer's buffer" : NULL;
+}
+
 /* First transport, in the engine's order of preference, that both sides
  * enabled and that reaches the buffer; one that reaches it only as a
  * fallback serves when no other does.  Returns the engine index or -1. */
 static int select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             const ferry_desc_buffer_t *buffer, int *desc_transport_p)
 {
-    int same_host = strcmp(desc->host_id, engine->host_id) == 0;
     int fallback = -1, fallback_j = -1;
     for (size_t i = 0; i < engine->n_transports; i++) {
-        ferry_transport_instance_t *tp = &engine->transports[i];
-        if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) && !same_host)
+        int reach, j;
+        if (transport_reach(engine, i, desc, buffer, &reach, &j) != NULL)
             continue;
-        int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
-        if (j < 0 || buffer->keys[j] == NULL)
-            continue;
-        ferry_peer_t peer;
-        ferry_engine_make_peer(engine, desc, j, &peer);
-        int reach = tp->ops->reaches != NULL ? tp->ops->reaches(tp->ctx, &peer, buffer->keys[j])
-                                             : FERRY_REACH_YES;
         if (reach == FERRY_REACH_FALLBACK && fallback < 0) {
             fallback = (int)i;
             fallback_j = j;
@@ -183,6 +200,21 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
     if (req->segment->is_local) {
         req->transport = -1;
         req->desc_transport = -1;
+        return FERRY_OK;
+    }
+    if (req->wanted >= 0) {
+        /* The request named its transport: that one or none (a fallback
+         * reach counts, the caller asked for it). */
+        int reach;
+        const char *why = transport_reach(engine, (size_t)req->wanted, desc, req->buffer,
+                                          &reach, &req->desc_transport);
+        if (why != NULL) {
+            ferry_error("segment \"%s\" buffer 0x%llx: the request asks for transport %s, "
+                        "but %s", desc->name, (unsigned long long)req->buffer->addr,
+                        transport_name(engine, req->wanted), why);
+            return FERRY_ERR_UNSUPPORTED;
+        }
+        req->transport = req->wanted;
         return FERRY_OK;
     }
     atomic_int *route = &((ferry_desc_buffer_t *)req->buffer)->route;
@@ -232,6 +264,14 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 
+static int transport_index(const ferry_engine_t *engine, const char *name)
+{
+    for (size_t i = 0; i < engine->n_transports; i++)
+        if (strcmp(engine->transports[i].plugin->name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
 /* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
@@ -256,6 +296,11 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->local = in->local;
     req->remote_addr = in->target_offset;
     req->length = in->length;
+    req->wanted = -1;
+    if (in->transport != NULL && (req->wanted = transport_index(engine, in->transport)) < 0) {
+        ferry_error("request: transport \"%s\" is not enabled in this engine", in->transport);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     /* One submit sees one descriptor per segment: a run of requests to one
      * segment shares the first one's (no segment lock per request). */
     ferry_status_t status = FERRY_OK;

@@ -304,8 +304,9 @@ static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, u
         unsigned char *got = ctx->local + offset;
         if (o->write) {
             /* Read the block back and compare with what was written. */
-            ferry_request_t req = {FERRY_OP_READ, scratch, ctx->segment, ctx->remote + offset,
-                                   o->block_size};
+            ferry_request_t req = {.opcode = FERRY_OP_READ, .local = scratch,
+                                   .target = ctx->segment, .target_offset = ctx->remote + offset,
+                                   .length = o->block_size};
             if (ferry_batch_submit(batch, &req, 1) != FERRY_OK ||
                 ferry_batch_wait(batch, -1) != FERRY_OK)
                 return -1;
@@ -353,9 +354,10 @@ static void *initiator_thread(void *arg)
             if (o->verify && o->write)
                 for (size_t b = 0; b < o->block_size; b++)
                     ctx->local[offset + b] = pattern(offset + b, round);
-            reqs[i] = (ferry_request_t){o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
-                                        ctx->local + offset, ctx->segment,
-                                        ctx->remote + offset, o->block_size};
+            reqs[i] = (ferry_request_t){.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
+                                        .local = ctx->local + offset, .target = ctx->segment,
+                                        .target_offset = ctx->remote + offset,
+                                        .length = o->block_size};
         }
         status = ferry_batch_submit(batch, reqs, o->batch_size);
         if (status == FERRY_OK)

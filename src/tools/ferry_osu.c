@@ -287,9 +287,10 @@ static int ferry_fail(const char *what, ferry_status_t status)
 static int ferry_round(ferry_side_t *f, size_t size, unsigned count)
 {
     for (unsigned j = 0; j < count; j++) {
-        f->requests[j] = (ferry_request_t){test->get ? FERRY_OP_READ : FERRY_OP_WRITE,
-                                           f->local + (size_t)j * size, f->peer,
-                                           f->peer_window + (uint64_t)j * size, size};
+        f->requests[j] = (ferry_request_t){.opcode = test->get ? FERRY_OP_READ : FERRY_OP_WRITE,
+                                           .local = f->local + (size_t)j * size, .target = f->peer,
+                                           .target_offset = f->peer_window + (uint64_t)j * size,
+                                           .length = size};
     }
     ferry_status_t status = ferry_batch_submit(f->batch, f->requests, count);
     if (status == FERRY_OK)
