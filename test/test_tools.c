@@ -89,6 +89,32 @@ Test(tools, bench_read_verified_two_threads)
     bench("--operation=read --block-size=64k --batch-size=16 --threads=2 --verify");
 }
 
+/* Each side sees the other's sequence numbers land, round after round. */
+static void pingpong(const char *transport)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s --spawn --duration=0.5 --pingpong --block-size=8 %s%s",
+             getenv("FERRY_BENCH"), transport ? "--transport=" : "", transport ? transport : "");
+    int rc = run(command, output, sizeof(output));
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", command, rc, output);
+    const char *line = strstr(output, "PINGPONG ");
+    cr_assert_not_null(line, "%s", output);
+    double median = 0;
+    unsigned long long trips = 0;
+    cr_assert_eq(sscanf(strstr(line, "median_us="), "median_us=%lf", &median), 1);
+    cr_assert_eq(sscanf(strstr(line, "round_trips="), "round_trips=%llu", &trips), 1);
+    cr_assert_gt(median, 0.0);
+    cr_assert_geq(trips, 32, "%s", output);
+    cr_assert_not_null(strstr(line, "status=ok"), "%s", output);
+}
+
+Test(tools, bench_pingpong_over_tcp_shm_and_the_default)
+{
+    pingpong("tcp");
+    pingpong("shm");
+    pingpong(NULL);
+}
+
 Test(tools, bench_rejects_bad_options)
 {
     char command[1024];
@@ -98,4 +124,8 @@ Test(tools, bench_rejects_bad_options)
     snprintf(command, sizeof(command), "%s --spawn --transport=nosuch 2>&1", getenv("FERRY_BENCH"));
     cr_assert_neq(run(command, output, sizeof(output)), 0);
     cr_assert(strstr(output, "nosuch") != NULL, "%s", output);
+    snprintf(command, sizeof(command), "%s --spawn --pingpong --block-size=4 2>&1",
+             getenv("FERRY_BENCH"));
+    cr_assert_eq(run(command, output, sizeof(output)), 2);
+    cr_assert(strstr(output, "at least 8 bytes") != NULL, "%s", output);
 }

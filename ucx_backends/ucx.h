@@ -183,6 +183,7 @@ struct ferry_ucx_worker {
     int thread_started;
     atomic_int stop;
     atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
+    atomic_uint_fast64_t caller_poll_us;   /* a caller's thread last progressed us */
     atomic_uint busy;                      /* groups in flight: sweep deadlines */
     atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
     atomic_int close_pending;              /* close_queue or flush_queue is not empty */

@@ -13,7 +13,9 @@
  *     microseconds after the last one (a submit counts), then arms the
  *     worker and sleeps on its event fd.  Latency-bound loops stay in the
  *     polling window; an idle engine costs no CPU; on a 2-core host two
- *     engines do not starve each other.
+ *     engines do not starve each other.  While a caller polls the worker
+ *     (ferry_batch_wait's spin, ferry_engine_progress) the thread sleeps:
+ *     a second poller would only contend for the worker and for a core.
  *   wait: arms and sleeps whenever a progress call found nothing.
  *   poll: never sleeps (one core per worker; for dedicated cores only).
  * Sleeping threads wake for the next deadline sweep (TIMEOUT/4) while
@@ -169,9 +171,11 @@ unsigned ferry_ucx_progress(void *ctx)
     unsigned events = 0;
     for (unsigned i = 0; i < ucx->n_workers; i++) {
         ferry_ucx_worker_t *w = &ucx->workers[i];
-        /* An idle worker is left to its thread: no lock taken, no contention. */
-        if (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0)
-            events += ucp_worker_progress(w->worker);
+        /* The worker's thread sees this and sleeps while we poll: one
+         * poller per worker, no lock contention, no core taken from the
+         * peer's pollers. */
+        atomic_store_explicit(&w->caller_poll_us, ferry_ucx_time_us(), memory_order_relaxed);
+        events += ucp_worker_progress(w->worker);
     }
     return events;
 }
@@ -202,12 +206,18 @@ static void *progress_main(void *arg)
         }
         if (mode == FERRY_UCX_PROGRESS_POLL)
             continue;
+        uint64_t now_us = ferry_ucx_time_us();
         if (mode == FERRY_UCX_PROGRESS_HYBRID &&
             (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
              ferry_ucx_since(atomic_load_explicit(&w->last_activity_us, memory_order_relaxed),
-                             ferry_ucx_time_us()) < spin_us)) {
+                             now_us) < spin_us) &&
+            ferry_ucx_since(atomic_load_explicit(&w->caller_poll_us, memory_order_relaxed),
+                            now_us) >= spin_us) {
             /* Our requests in flight (or a peer's just now): keep polling,
-             * but let any other runnable thread have this core first. */
+             * but let any other runnable thread have this core first.  When
+             * a caller polls (ferry_batch_wait, ferry_engine_progress) we
+             * sleep instead: two pollers of one worker only contend, and
+             * on a small host they starve the peer's pollers. */
             sched_yield();
             continue;
         }

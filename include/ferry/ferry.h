@@ -60,6 +60,18 @@ FERRY_API void ferry_engine_destroy(ferry_engine_h engine);
 /* The name peers open this engine's segment by (valid until destroy). */
 FERRY_API const char *ferry_engine_segment_name(ferry_engine_h engine);
 
+/*
+ * Advance the transports that can make progress on the calling thread (ucx)
+ * and return how many events that handled (0 when there was nothing to do;
+ * tcp, shm and cxl never need it).  Optional: every transport also
+ * progresses on its own threads, and ferry_batch_wait polls for
+ * FERRY_WAIT_SPIN microseconds before sleeping.  A program that waits by
+ * polling memory for a peer's write (a flag at the end of a message) calls
+ * it in that loop, so an incoming write is placed without waiting for a
+ * transport thread to be scheduled, as with ucp_worker_progress.
+ */
+FERRY_API unsigned ferry_engine_progress(ferry_engine_h engine);
+
 /* Registration flags. */
 enum {
     FERRY_REG_REMOTE_READ = 1u << 0,  /* peers may READ the range */

@@ -172,7 +172,8 @@ typedef struct ferry_transport_ops {
     /* Optional: advance this transport's requests on the calling thread and
      * return how many events that completed.  ferry_batch_wait calls it in a
      * loop for FERRY_WAIT_SPIN microseconds before it sleeps, so a request
-     * can finish without a handoff from the transport's own thread.  Any
+     * can finish without a handoff from the transport's own thread, and
+     * ferry_engine_progress calls it for a program that polls memory.  Any
      * thread, concurrently; cheap when nothing is in flight. */
     unsigned (*progress)(void *ctx);
     /* Optional: allocate length bytes of the memory this transport reaches

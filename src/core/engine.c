@@ -392,6 +392,15 @@ void ferry_engine_destroy(ferry_engine_h handle)
     ferry_engine_free(engine);
 }
 
+unsigned ferry_engine_progress(ferry_engine_h handle)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    unsigned events = 0;
+    for (size_t i = 0; engine != NULL && i < engine->n_progress; i++)
+        events += engine->progress[i]->ops->progress(engine->progress[i]->ctx);
+    return events;
+}
+
 const char *ferry_engine_segment_name(ferry_engine_h handle)
 {
     ferry_engine_t *engine = ferry_engine_lookup(handle);

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ferry_bench.h"
 #include "tool_args.h"
 
 #define SEGMENT_LINE "FERRY_BENCH_SEGMENT "
@@ -38,6 +39,7 @@ typedef struct options {
     int verify;
     int spawn;
     int latency;
+    int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
     int baseline;       /* --memcpy-baseline */
     int heap;           /* --memory=heap: posix_memalign + ferry_register */
 } options_t;
@@ -105,6 +107,11 @@ static void usage(FILE *out)
         "                        (a write completes once in the target's memory); prints\n"
         "                        the median and 99th percentile in microseconds of the\n"
         "                        mean of each 32 consecutive requests\n"
+        "  --pingpong            writes back and forth: each side writes a block into the\n"
+        "                        other's buffer, waits for completion and polls its own\n"
+        "                        buffer for the reply (as ucx_perftest put_lat and OSU\n"
+        "                        latency do); prints half the round trip (median, 99th\n"
+        "                        percentile of 32-round-trip means); block >= 8 bytes\n"
         "Prints throughput in GB/s (10^9 bytes per second) and requests per second.\n"
         "ferry_bench --metadata-ops [--metadata=URI] measures the metadata store instead\n"
         "(see ferry_bench --metadata-ops --help).\n");
@@ -120,7 +127,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
         {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
         {"latency", no_argument, NULL, 'L'},          {"memory", required_argument, NULL, 'A'},
-        {"memcpy-baseline", no_argument, NULL, 'C'},
+        {"memcpy-baseline", no_argument, NULL, 'C'}, {"pingpong", no_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -135,6 +142,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'T': o->transport = optarg; break;
         case 'v': o->verify = 1; break;
         case 'L': o->latency = 1; break;
+        case 'G': o->pingpong = 1; break;
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
         case 'A':
@@ -195,7 +203,12 @@ static int parse_options(int argc, char **argv, options_t *o)
         fprintf(stderr, "ferry_bench: --mode is target or initiator\n");
         return -1;
     }
-    if (o->latency)
+    if (o->pingpong && (o->block_size < 8 || !o->write || o->threads != 1 || o->verify)) {
+        fprintf(stderr, "ferry_bench: --pingpong writes blocks of at least 8 bytes, one "
+                "thread, no --verify\n");
+        return -1;
+    }
+    if (o->latency || o->pingpong)
         o->batch_size = 1;
     if (o->buffer_size == 0) {
         size_t want = o->block_size * o->batch_size;
@@ -203,6 +216,8 @@ static int parse_options(int argc, char **argv, options_t *o)
     }
     if (o->buffer_size < o->block_size)
         o->buffer_size = o->block_size;
+    if (o->pingpong && o->buffer_size < 2 * o->block_size)
+        o->buffer_size = 2 * o->block_size; /* a receive and a send block */
     if (!o->spawn && !strcmp(o->mode, "initiator") && o->segment == NULL) {
         fprintf(stderr, "ferry_bench: the initiator needs --segment=NAME (or use --spawn)\n");
         return -1;
@@ -280,18 +295,25 @@ static int run_target(const options_t *o)
     signal(SIGINT, on_signal);
     /* Serve until SIGTERM/SIGINT; a spawned target also ends when its parent
      * closes our stdin (or dies). */
+    int failed = 0;
     while (!stop_requested) {
         struct pollfd pfd = {.fd = o->spawn ? 0 : -1, .events = POLLIN};
-        int rc = poll(&pfd, 1, 200);
+        int rc = poll(&pfd, 1, 50);
         if (rc > 0) {
             char scratch[256];
             if (read(0, scratch, sizeof(scratch)) <= 0)
                 break;
         }
+        /* An initiator's --pingpong asks us to write back. */
+        ferry_notify_t hello;
+        size_t count = 0;
+        if (ferry_notify_recv(engine, &hello, 1, &count) == FERRY_OK && count == 1 &&
+            ferry_bench_pingpong_target(engine, &hello, buffer, total) != 0)
+            failed = 1;
     }
     buffer_release(o, engine, buffer);
     ferry_engine_destroy(engine);
-    return 0;
+    return failed;
 }
 
 static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, unsigned round,
@@ -478,6 +500,14 @@ static int run_initiator(const options_t *o, const char *segment_name)
     memset(buffer, 0, total);
     if (o->baseline)
         memcpy_baseline(o, buffer);
+    if (o->pingpong) {
+        int rc = ferry_bench_pingpong_initiator(engine, segment, remote, buffer, o->block_size,
+                                                o->duration);
+        ferry_segment_close(engine, segment);
+        buffer_release(o, engine, buffer);
+        ferry_engine_destroy(engine);
+        return rc ? 1 : 0;
+    }
     thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
     pthread_t *tids = calloc(o->threads, sizeof(*tids));
     pthread_barrier_t start;
@@ -608,9 +638,6 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
     return found ? 0 : -1;
 }
 
-/* ---- --metadata-ops: control-plane latency, in ferry_bench_metadata.c ---- */
-int ferry_bench_metadata_main(int argc, char **argv);
-
 static int wants_metadata_ops(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -618,7 +645,6 @@ static int wants_metadata_ops(int argc, char **argv)
             return 1;
     return 0;
 }
-/* ---- end of --metadata-ops ---- */
 
 int main(int argc, char **argv)
 {

@@ -12,7 +12,7 @@
  *   open cached  ferry_segment_open() of a segment already open.
  * Reported as median, 99th percentile and mean in microseconds.
  */
-#include <ferry/ferry.h>
+#include "ferry_bench.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -20,8 +20,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-int ferry_bench_metadata_main(int argc, char **argv);
 
 typedef struct md_options {
     const char *metadata;

@@ -1,0 +1,22 @@
+/* ferry_bench's parts in other files. */
+#ifndef FERRY_BENCH_H
+#define FERRY_BENCH_H
+
+#include <ferry/ferry.h>
+
+/* --pingpong, initiator side: buffer (2 x block, registered for remote
+ * writes) exchanges writes with the target's buffer at remote for duration
+ * seconds; prints the PINGPONG line.  0 on success. */
+int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segment,
+                                   uint64_t remote, unsigned char *buffer, size_t block,
+                                   double duration);
+/* Target side: answer the exchange a "PINGPONG ..." notify asks for, with
+ * buffer (size bytes) as the receive and send blocks; 0 when the notify is
+ * something else or the exchange ended well. */
+int ferry_bench_pingpong_target(ferry_engine_h engine, const ferry_notify_t *hello,
+                                unsigned char *buffer, size_t size);
+
+/* --metadata-ops: control-plane latency, in ferry_bench_metadata.c */
+int ferry_bench_metadata_main(int argc, char **argv);
+
+#endif
