@@ -107,7 +107,8 @@ FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
  * that provides memory at that location (location NULL = "cpu"): with ucx,
  * memory UCX maps itself, which a same-host peer attaches and writes with
  * plain stores instead of UCX's emulated RMA on registered user memory;
- * without such a transport, page-aligned heap memory.  *addr_p is the
+ * without such a transport, page-aligned heap memory (from 2 MiB up:
+ * 2 MiB-aligned, transparent huge pages advised).  *addr_p is the
  * segment address peers use.  Release with ferry_free (ferry_unregister
  * refuses to drop its last registration); ferry_engine_destroy frees what
  * is left.

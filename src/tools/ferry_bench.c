@@ -101,7 +101,8 @@ static void usage(FILE *out)
         "                        transports reach best; heap: malloc-ed memory registered\n"
         "                        with ferry_register (both sides)\n"
         "  --memcpy-baseline     first measure single-thread memcpy of the same blocks\n"
-        "                        between two buffers of this process, and print it\n"
+        "                        between two buffers of this process, of the --memory\n"
+        "                        kind the benchmark uses, and print it\n"
         "  --verify              check every byte moved (throughput then means little)\n"
         "  --latency             one request per batch, timed from submit to completion\n"
         "                        (a write completes once in the target's memory); prints\n"
@@ -438,11 +439,12 @@ static int compare_double(const void *a, const void *b)
 }
 
 /* What one thread's memcpy does with the same blocks, wrapping around a
- * buffer of the same size: the ceiling of a same-host copy. */
-static void memcpy_baseline(const options_t *o, const unsigned char *src)
+ * buffer of the same size and kind (--memory) as the target's: the ceiling
+ * of a same-host copy, so the ratio is what the transport costs. */
+static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const unsigned char *src)
 {
-    unsigned char *dst = NULL;
-    if (posix_memalign((void **)&dst, 4096, o->buffer_size) != 0)
+    unsigned char *dst = buffer_acquire(o, engine, o->buffer_size);
+    if (dst == NULL)
         return;
     memset(dst, 0, o->buffer_size);
     size_t slots = o->buffer_size / o->block_size, next = 0;
@@ -461,7 +463,7 @@ static void memcpy_baseline(const options_t *o, const unsigned char *src)
            bytes / elapsed / 1e9, o->block_size, o->buffer_size);
     printf("BASELINE memcpy block_size=%zu gbps=%.4f\n", o->block_size, bytes / elapsed / 1e9);
     fflush(stdout);
-    free(dst);
+    buffer_release(o, engine, dst);
 }
 
 static int run_initiator(const options_t *o, const char *segment_name)
@@ -499,7 +501,7 @@ static int run_initiator(const options_t *o, const char *segment_name)
     }
     memset(buffer, 0, total);
     if (o->baseline)
-        memcpy_baseline(o, buffer);
+        memcpy_baseline(o, engine, buffer);
     if (o->pingpong) {
         int rc = ferry_bench_pingpong_initiator(engine, segment, remote, buffer, o->block_size,
                                                 o->duration);
