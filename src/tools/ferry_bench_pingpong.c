@@ -28,10 +28,10 @@
 #include <string.h>
 #include <time.h>
 
-#define PINGPONG_PREFIX "PINGPONG "
-#define PINGPONG_END UINT64_MAX
-#define PINGPONG_READY (UINT64_MAX - 1)
-#define POLL_LIMIT_S 10.0
+#define PINGPONG_PREFIX        "PINGPONG "
+#define PINGPONG_END           UINT64_MAX
+#define PINGPONG_READY         (UINT64_MAX - 1)
+#define POLL_LIMIT_S           10.0
 #define ROUND_TRIPS_PER_SAMPLE 32
 
 static double seconds_now(void)
@@ -83,8 +83,11 @@ static int poll_seq(ferry_engine_h engine, const volatile unsigned char *block, 
 static ferry_status_t write_and_complete(ferry_batch_h batch, unsigned char *local,
                                          ferry_segment_h segment, uint64_t remote, size_t length)
 {
-    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
-                           .target_offset = remote, .length = length};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE,
+                           .local = local,
+                           .target = segment,
+                           .target_offset = remote,
+                           .length = length};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     return status == FERRY_OK ? ferry_batch_wait(batch, -1) : status;
 }
@@ -95,9 +98,8 @@ static int compare_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segment,
-                                   uint64_t remote, unsigned char *buffer, size_t block,
-                                   double duration)
+int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segment, uint64_t remote,
+                                   unsigned char *buffer, size_t block, double duration)
 {
     unsigned char *receive = buffer, *send = buffer + block;
     char hello[512];
@@ -138,8 +140,8 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
                 snprintf(transport, sizeof(transport), "%s", xs.transport);
         }
         if (poll_seq(engine, receive, block, seq, 1, &got) != 0) {
-            fprintf(stderr, "ferry_bench: pingpong: no reply for %.0f s (round trip %" PRIu64
-                    ")\n", POLL_LIMIT_S, seq);
+            fprintf(stderr, "ferry_bench: pingpong: no reply for %.0f s (round trip %" PRIu64 ")\n",
+                    POLL_LIMIT_S, seq);
             failed = 1;
             break;
         }
@@ -170,11 +172,11 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
         double p99 = samples[(size_t)((double)(count - 1) * 0.99)];
         printf("ferry_bench: pingpong, transport %s, block %zu B, %" PRIu64 " round trips\n",
                transport, block, seq);
-        printf("latency (half round trip): median %.3f us, 99th percentile %.3f us\n", median,
-               p99);
-        printf("PINGPONG transport=%s block_size=%zu median_us=%.3f p99_us=%.3f round_trips=%"
-               PRIu64 " status=%s\n", transport, block, median, p99, seq,
-               failed ? "failed" : "ok");
+        printf("latency (half round trip): median %.3f us, 99th percentile %.3f us\n", median, p99);
+        printf(
+            "PINGPONG transport=%s block_size=%zu median_us=%.3f p99_us=%.3f round_trips=%" PRIu64
+            " status=%s\n",
+            transport, block, median, p99, seq, failed ? "failed" : "ok");
     }
     free(samples);
     return failed || count == 0 ? -1 : 0;
@@ -213,9 +215,8 @@ int ferry_bench_pingpong_target(ferry_engine_h engine, const ferry_notify_t *hel
     seq_store(receive, block, 0);
     atomic_thread_fence(memory_order_seq_cst);
     seq_store(send, block, PINGPONG_READY);
-    int rc = write_and_complete(batch, send, segment, (uint64_t)peer_buffer, block) == FERRY_OK
-                 ? 0
-                 : -1;
+    int rc =
+        write_and_complete(batch, send, segment, (uint64_t)peer_buffer, block) == FERRY_OK ? 0 : -1;
     while (rc == 0) {
         if (poll_seq(engine, receive, block, seq, 0, &seq) != 0) {
             fprintf(stderr, "ferry_bench: target: the pingpong initiator went quiet\n");
