@@ -143,6 +143,23 @@ static int run_ip(const netns_pair_t *pair, char *out, size_t out_len, const cha
     return reap(pid, deadline);
 }
 
+/* Whether pid names a live process (a zombie is gone: its namespaces are
+ * nobody's any more, however long its parent takes to reap it). */
+static int alive(long pid)
+{
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char path[64], stat[256] = "";
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (file == NULL)
+        return 0;
+    int got = fgets(stat, sizeof(stat), file) != NULL;
+    fclose(file);
+    const char *state = strrchr(stat, ')'); /* "pid (comm) S ..." */
+    return !got || state == NULL || state[1] == '\0' || state[2] != 'Z';
+}
+
 /* What a run whose process is gone left behind: NAME<pid>SUFFIX entries of
  * dir, removed with `ip <remove> NAME`.  Our own pid counts as gone: a pid
  * reused since that run must not make our names collide. */
@@ -161,7 +178,7 @@ static void remove_stale(const netns_pair_t *pair, const char *dir, const char *
         long pid = strtol(entry->d_name + prefix_len, &end, 10);
         if (end == entry->d_name + prefix_len || pid <= 0)
             continue;
-        if (pid != getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+        if (pid != getpid() && alive(pid))
             continue;
         char out[256];
         run_ip(pair, out, sizeof(out), "%s %s", remove, entry->d_name);
