@@ -12,6 +12,8 @@ packages="$packages libucx-dev"
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
+    # test_netns: two network namespaces joined by a veth (ip netns, ip link)
+    packages="$packages iproute2"
     # servers the metadata tests start themselves, on free loopback ports
     packages="$packages etcd-server etcd-client redis-server"
     # a single-node Slurm for the srun tests (contrib/slurm-single-node.sh)

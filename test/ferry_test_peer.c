@@ -8,9 +8,12 @@
  *   alloc LEN (ferry_alloc; replies ALLOC <hex address>)    free 0xADDRESS
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
  * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
+ * FERRY_TEST_PEER_NETNS=NAME: the peer first joins network namespace NAME
+ * (/run/netns/NAME, as `ip netns exec` would), so it is on another "host".
  */
 #include <ferry/ferry.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "netns_pair.h"
 #include "test_pattern.h"
 
 int main(int argc, char **argv)
@@ -29,6 +33,11 @@ int main(int argc, char **argv)
     const char *undumpable = getenv("FERRY_TEST_PEER_UNDUMPABLE");
     if (undumpable != NULL && strcmp(undumpable, "1") == 0)
         prctl(PR_SET_DUMPABLE, 0);
+    const char *netns = getenv("FERRY_TEST_PEER_NETNS");
+    if (netns != NULL && *netns != '\0' && netns_enter(netns) != 0) {
+        printf("FAILED netns %s: %s\n", netns, strerror(errno));
+        return 1;
+    }
     ferry_engine_h engine;
     ferry_status_t status = ferry_engine_create(NULL, &engine);
     if (status != FERRY_OK) {

@@ -42,7 +42,7 @@ static int in_path(const char *program, char *path, size_t len)
     return 0;
 }
 
-static int module_built(const char *name)
+int service_module_built(const char *name)
 {
     char path[1024];
     const char *dir = getenv("FERRY_MODULE_DIR");
@@ -55,16 +55,16 @@ const char *service_missing(service_kind_t kind)
     char path[1024];
     switch (kind) {
     case SERVICE_ETCD:
-        if (!module_built("etcd"))
+        if (!service_module_built("etcd"))
             return "the etcd module is not built (libcurl missing)";
         return in_path("etcd", path, sizeof(path)) ? NULL : "etcd is not installed";
     case SERVICE_REDIS:
-        if (!module_built("redis"))
+        if (!service_module_built("redis"))
             return "the redis module is not built (hiredis missing)";
         return in_path("redis-server", path, sizeof(path)) ? NULL
                                                            : "redis-server is not installed";
     case SERVICE_METAD: {
-        if (!module_built("http"))
+        if (!service_module_built("http"))
             return "the http module is not built (libcurl missing)";
         const char *metad = getenv("FERRY_METAD");
         return metad && access(metad, X_OK) == 0 ? NULL : "ferry_metad is not built";

@@ -30,6 +30,8 @@ typedef struct service {
     int tls;             /* etcd serves https (extra holds the cert options) */
 } service_t;
 
+/* Whether modules/ferry_NAME.so is in FERRY_MODULE_DIR (built). */
+int service_module_built(const char *name);
 /* NULL when the server (and the store's module) is available, else why not. */
 const char *service_missing(service_kind_t kind);
 /* Start it; extra: NULL-terminated arguments appended to its command line.
