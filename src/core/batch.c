@@ -94,6 +94,11 @@ void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
         request_finish(req);
 }
 
+int ferry_engine_same_host(const ferry_engine_t *engine, const ferry_descriptor_t *desc)
+{
+    return strcmp(desc->host_id, engine->host_id) == 0;
+}
+
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             int desc_transport, ferry_peer_t *peer)
 {
@@ -101,7 +106,7 @@ void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor
     peer->generation = desc->generation;
     peer->endpoint = desc_transport >= 0 ? desc->transports[desc_transport].endpoint : "";
     peer->rpc = desc->rpc;
-    peer->same_host = strcmp(desc->host_id, engine->host_id) == 0;
+    peer->same_host = ferry_engine_same_host(engine, desc);
 }
 
 /* Tell every transport the peer has an endpoint for: forget it (changed 0)
@@ -142,7 +147,7 @@ static const char *transport_reach(ferry_engine_t *engine, size_t i,
 {
     ferry_transport_instance_t *tp = &engine->transports[i];
     if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) &&
-        strcmp(desc->host_id, engine->host_id) != 0)
+        !ferry_engine_same_host(engine, desc))
         return "it reaches peers on this host only";
     int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
     if (j < 0)

@@ -280,6 +280,8 @@ ferry_status_t ferry_engine_rpc_handle(void *engine, int type, const void *paylo
 
 /* ---------------- batch.c ---------------- */
 
+/* Whether desc's owner runs on this engine's host (host identities equal). */
+int ferry_engine_same_host(const ferry_engine_t *engine, const ferry_descriptor_t *desc);
 /* The peer as a transport sees it, from desc and its transport index. */
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             int desc_transport, ferry_peer_t *peer);

@@ -146,7 +146,7 @@ ferry_status_t ferry_engine_rpc_fetch(void *arg, const char *rpc, const char *na
 /* Through the first transport both sides enabled that carries notifies. */
 static int notify_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc, int *j_p)
 {
-    int same_host = strcmp(desc->host_id, engine->host_id) == 0;
+    int same_host = ferry_engine_same_host(engine, desc);
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
         if (!FERRY_TRANSPORT_OPS_HAS(tp->ops, notify) ||
