@@ -76,6 +76,12 @@ ferry_latency() { # tls
         --duration="$seconds" | sed -n 's/.* median_us=\([0-9.]*\).*/\1/p'
 }
 
+# Half a round trip of writes, each completed, as put_lat measures it.
+ferry_pingpong() { # tls
+    UCX_TLS=$1 "$bench" --spawn --transport=ucx --memory="$memory" --pingpong --block-size=8 \
+        --duration="$seconds" | sed -n 's/^PINGPONG.* median_us=\([0-9.]*\).*/\1/p'
+}
+
 batch_for() {
     case $1 in
     64k) echo 128 ;;
@@ -111,12 +117,15 @@ for tls in $tls_list; do
             line="$line read $size $(tail -1 "$tmp/$t-ferry-read-$size")/$(tail -1 "$tmp/$t-perftest-read-$size")"
         done
         ferry_latency "$tls" >> "$tmp/$t-ferry-lat"
+        ferry_pingpong "$tls" >> "$tmp/$t-ferry-pingpong"
         perftest_run "$tls" ucp_put_lat 8 "$(iterations "$tls" 80000)" 2 >> "$tmp/$t-perftest-lat"
-        echo "$line; 8 B latency $(tail -1 "$tmp/$t-ferry-lat")/$(tail -1 "$tmp/$t-perftest-lat") us (ferry/perftest GB/s, us)"
+        echo "$line; 8 B write $(tail -1 "$tmp/$t-ferry-lat"), pingpong $(tail -1 "$tmp/$t-ferry-pingpong")/$(tail -1 "$tmp/$t-perftest-lat") us (ferry/perftest GB/s, us)"
     done
 done
-echo "medians of $runs runs (GB/s = 10^9 bytes/s; latency: ferry's median write with"
-echo "completion vs ucx_perftest ucp_put_lat 50th percentile; ratio > 1 is ferry ahead):"
+echo "medians of $runs runs (GB/s = 10^9 bytes/s; latency: ucx_perftest ucp_put_lat's typical"
+echo "value (half a ping-pong of puts) against ferry_bench --pingpong (half a ping-pong of"
+echo "completed writes) and against --latency (one write, submit to completion, which waits"
+echo "for the target's acknowledgement: a full round trip); ratio > 1 is ferry ahead):"
 for tls in $tls_list; do
     t=$(echo "$tls" | tr ',' '_')
     for size in $sizes; do
@@ -125,5 +134,6 @@ for tls in $tls_list; do
         report "UCX_TLS=$tls read $size" GB/s "$tmp/$t-ferry-read-$size" \
             "$tmp/$t-perftest-read-$size" 1
     done
+    report "UCX_TLS=$tls 8 B pingpong" us "$tmp/$t-ferry-pingpong" "$tmp/$t-perftest-lat" 0
     report "UCX_TLS=$tls 8 B write latency" us "$tmp/$t-ferry-lat" "$tmp/$t-perftest-lat" 0
 done

@@ -28,6 +28,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Resource names ("self/memory0 tcp/eth0 ...") of a context, malloc-ed. */
@@ -191,7 +192,15 @@ static void *progress_main(void *arg)
     uint64_t next_sweep = ferry_ucx_time_ms() + tick_ms;
 
     while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
-        unsigned events = ucp_worker_progress(w->worker);
+        /* While a caller polls the worker (ferry_batch_wait's spin,
+         * ferry_engine_progress) this thread keeps off it: two pollers of
+         * one worker only contend for its lock, and on a small host they
+         * take the core the peer's poller needs. */
+        int caller_polls =
+            mode != FERRY_UCX_PROGRESS_POLL &&
+            ferry_ucx_since(atomic_load_explicit(&w->caller_poll_us, memory_order_relaxed),
+                            ferry_ucx_time_us()) < spin_us;
+        unsigned events = caller_polls ? 0 : ucp_worker_progress(w->worker);
         uint64_t now_ms = ferry_ucx_time_ms();
         int sweep = now_ms >= next_sweep;
         if (sweep)
@@ -206,18 +215,19 @@ static void *progress_main(void *arg)
         }
         if (mode == FERRY_UCX_PROGRESS_POLL)
             continue;
-        uint64_t now_us = ferry_ucx_time_us();
+        if (caller_polls) {
+            /* Nap unarmed (the events the caller handles do not wake us)
+             * and look again after SPIN. */
+            struct timespec nap = {0, (long)spin_us * 1000};
+            nanosleep(&nap, NULL);
+            continue;
+        }
         if (mode == FERRY_UCX_PROGRESS_HYBRID &&
             (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
              ferry_ucx_since(atomic_load_explicit(&w->last_activity_us, memory_order_relaxed),
-                             now_us) < spin_us) &&
-            ferry_ucx_since(atomic_load_explicit(&w->caller_poll_us, memory_order_relaxed),
-                            now_us) >= spin_us) {
+                             ferry_ucx_time_us()) < spin_us)) {
             /* Our requests in flight (or a peer's just now): keep polling,
-             * but let any other runnable thread have this core first.  When
-             * a caller polls (ferry_batch_wait, ferry_engine_progress) we
-             * sleep instead: two pollers of one worker only contend, and
-             * on a small host they starve the peer's pollers. */
+             * but let any other runnable thread have this core first. */
             sched_yield();
             continue;
         }
