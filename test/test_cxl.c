@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "capture_stderr.h"
@@ -28,6 +29,7 @@
 #include "peer_process.h"
 #include "service_process.h"
 #include "test_pattern.h"
+#include "../src/transport/cxl/cxl.h"
 
 #define MIB ((size_t)1 << 20)
 #define WINDOW_SIZE (256 * MIB)
@@ -646,4 +648,53 @@ Test(cxl, engines_starting_at_once_format_the_window_once)
     }
     for (int i = 1; i < RACERS; i++)
         ferry_engine_destroy(racers[i]);
+}
+
+/* An engine killed while it held the table's lock, half-way through a
+ * change: the next engine repairs the table and goes on. */
+Test(cxl, an_engine_killed_holding_the_table_lock_does_not_wedge_the_window)
+{
+    start(WINDOW_SIZE, "cxl");
+    void *kept;
+    cr_assert_eq(ferry_alloc(engine, MIB, "cxl", 0, &kept), FERRY_OK);
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        int fd = open(window_path, O_RDWR);
+        unsigned char *base = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd < 0 || base == MAP_FAILED)
+            _exit(1);
+        ferry_cxl_header_t *h = (ferry_cxl_header_t *)base;
+        ferry_cxl_chunk_t *table = (ferry_cxl_chunk_t *)(base + h->table_offset);
+        if (pthread_mutex_lock(&h->lock) != 0)
+            _exit(2);
+        /* a chunk claimed for an allocation whose first chunk was never written */
+        uint32_t c = (uint32_t)h->reserved_chunks + 1000;
+        atomic_store(&table[c].first, c - 1);
+        atomic_store(&table[c].count, 2);
+        atomic_store(&table[c].owner, 12345);
+        _exit(0); /* holding the lock */
+    }
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    ferry_status_t allocated = FERRY_ERR_IO;
+    char *log = capture_stderr(alloc_in_full_window, &allocated);
+    cr_assert_eq(allocated, FERRY_OK, "%s", log);
+    cr_assert(strstr(log, "repaired") != NULL, "no word about the repair: %s", log);
+    free(log);
+    cr_assert_eq(ferry_free(engine, kept), FERRY_OK);
+}
+
+/* An engine that began formatting and never finished: the others give up
+ * after a bounded wait, saying so. */
+Test(cxl, a_window_left_half_formatted_fails_after_a_bounded_wait)
+{
+    setup_window(64 * MIB, "cxl");
+    int fd = open(window_path, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    uint64_t formatting = FERRY_CXL_FORMATTING;
+    cr_assert_eq(pwrite(fd, &formatting, sizeof(formatting), 0), (ssize_t)sizeof(formatting));
+    close(fd);
+    create_fails(window_path, "did not finish");
 }

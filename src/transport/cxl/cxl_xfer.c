@@ -10,6 +10,20 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+/* Every store of the copy is in the window before what follows: the
+ * compiler's seq_cst fence ("lock or" with GCC on x86) orders ordinary
+ * stores; the non-temporal stores a large memcpy may use need sfence. */
+static inline void store_fence(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_sfence();
+#endif
+    atomic_thread_fence(memory_order_seq_cst);
+}
 
 static int parse_hex(const char *text, char stop, uint64_t *value_p, const char **end_p)
 {
@@ -67,9 +81,7 @@ static ferry_status_t copy_slice(ferry_cxl_t *cxl, const ferry_peer_t *peer,
     unsigned char *there = window->base + offset;
     if (s->opcode == FERRY_OP_WRITE) {
         memmove(there, s->local, s->length);
-        /* The data is in the window (non-temporal stores too) before the
-         * request completes, so whoever learns of it reads it. */
-        atomic_thread_fence(memory_order_seq_cst);
+        store_fence(); /* in the window before the request completes */
     } else {
         /* Nothing of the window is read before what made us ask. */
         atomic_thread_fence(memory_order_seq_cst);
