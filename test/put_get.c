@@ -78,3 +78,31 @@ void put_get_batch(ferry_engine_h engine, peer_process_t *peer, ferry_segment_h 
     cr_assert_str_eq(peer_cmd(peer, "check 0 %zu 9", (size_t)32 * 4096), "OK");
     cr_assert_eq(test_pattern_check(local + MIB, 32 * 4096, 10), SIZE_MAX);
 }
+
+void put_get_after_free(ferry_engine_h engine, peer_process_t *peer, unsigned char *local,
+                        const char *location, const char *transport)
+{
+    ferry_segment_h segment;
+    uintptr_t first, second;
+    cr_assert_eq(sscanf(peer_cmd(peer, "alloc %zu %s", 4 * MIB, location), "ALLOC %lx", &first),
+                 1);
+    cr_assert_eq(sscanf(peer_cmd(peer, "alloc %zu %s", 4 * MIB, location), "ALLOC %lx", &second),
+                 1);
+    cr_assert_eq(ferry_segment_open(engine, peer->name, &segment), FERRY_OK);
+    test_pattern_fill(local, 4 * MIB, 41);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_WRITE, local, segment, first, 4 * MIB,
+                                 transport),
+                 FERRY_OK);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_WRITE, local, segment, second, 4 * MIB,
+                                 transport),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(peer, "free 0x%lx", (unsigned long)first), "OK");
+    cr_assert_eq(one_request_via(engine, FERRY_OP_WRITE, local, segment, first, 4096, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write to the freed buffer is refused");
+    memset(local + 4 * MIB, 0, 4 * MIB);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_READ, local + 4 * MIB, segment, second,
+                                 4 * MIB, transport),
+                 FERRY_OK, "the other buffer still works");
+    cr_assert_eq(test_pattern_check(local + 4 * MIB, 4 * MIB, 41), SIZE_MAX);
+    ferry_segment_close(engine, segment);
+}

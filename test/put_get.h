@@ -19,5 +19,10 @@ void put_get_unregistered(ferry_engine_h engine, peer_process_t *peer, ferry_seg
  * and reads from arena + 32 MiB into local + 1 MiB, interleaved. */
 void put_get_batch(ferry_engine_h engine, peer_process_t *peer, ferry_segment_h segment,
                    unsigned char *local, const char *transport);
+/* Two buffers of 4 MiB from the peer's ferry_alloc at location: once the
+ * peer frees the first, a request to it is refused and the second still
+ * works.  local: 8 MiB. */
+void put_get_after_free(ferry_engine_h engine, peer_process_t *peer, unsigned char *local,
+                        const char *location, const char *transport);
 
 #endif

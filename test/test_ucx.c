@@ -574,22 +574,7 @@ Test(ucx, freed_ferry_alloc_buffer_is_refused_and_others_work)
 {
     start("sm,self", "ucx");
     peer_process_t peer;
-    ferry_segment_h segment;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    uintptr_t first, second;
-    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 4 * MIB), "ALLOC %lx", &first), 1);
-    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 4 * MIB), "ALLOC %lx", &second), 1);
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    test_pattern_fill(local, 4 * MIB, 41);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first, 4 * MIB, "ucx"), FERRY_OK);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, second, 4 * MIB, "ucx"), FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&peer, "free 0x%lx", (unsigned long)first), "OK");
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first, 4096, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a write to the freed buffer is refused");
-    memset(local + 4 * MIB, 0, 4 * MIB);
-    cr_assert_eq(transfer(FERRY_OP_READ, local + 4 * MIB, segment, second, 4 * MIB, "ucx"),
-                 FERRY_OK, "the other buffer still works");
-    cr_assert_eq(test_pattern_check(local + 4 * MIB, 4 * MIB, 41), SIZE_MAX);
-    ferry_segment_close(engine, segment);
+    put_get_after_free(engine, &peer, local, "cpu", "ucx");
     peer_stop(&peer);
 }
