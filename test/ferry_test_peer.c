@@ -5,7 +5,8 @@
  * and then answers one line per command read from stdin:
  *   reg OFF LEN [r|w|rw]  unreg OFF       fill OFF LEN SEED   check OFF LEN SEED
  *   sum OFF LEN           notify MS       quit
- *   alloc LEN (ferry_alloc; replies ALLOC <hex address>)    free 0xADDRESS
+ *   alloc LEN [LOCATION] (ferry_alloc, "cpu" by default; replies ALLOC <hex address>)
+ *   free 0xADDRESS
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
  * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
  * FERRY_TEST_PEER_NETNS=NAME: the peer first joins network namespace NAME
@@ -44,13 +45,15 @@ int main(int argc, char **argv)
         printf("FAILED %s\n", ferry_status_string(status));
         return 1;
     }
-    /* FERRY_TEST_PEER_ALLOC=1: the arena is one ferry_alloc buffer, registered
-     * whole (reg/unreg inside it are refused as overlaps). */
+    /* FERRY_TEST_PEER_ALLOC=1 (or a location: "cxl"): the arena is one
+     * ferry_alloc buffer ("cpu" for 1), registered whole (reg/unreg inside it
+     * are refused as overlaps). */
     const char *alloc = getenv("FERRY_TEST_PEER_ALLOC");
-    int allocated = alloc != NULL && strcmp(alloc, "1") == 0;
+    int allocated = alloc != NULL && *alloc != '\0';
     unsigned char *arena = NULL;
     if (allocated) {
-        status = ferry_alloc(engine, arena_size, "cpu", FERRY_REG_REMOTE, (void **)&arena);
+        const char *location = strcmp(alloc, "1") == 0 ? "cpu" : alloc;
+        status = ferry_alloc(engine, arena_size, location, FERRY_REG_REMOTE, (void **)&arena);
         if (status != FERRY_OK) {
             printf("FAILED %s\n", ferry_status_string(status));
             return 1;
@@ -78,7 +81,9 @@ int main(int argc, char **argv)
             status = ferry_unregister(engine, arena + a);
         } else if (strcmp(cmd, "alloc") == 0 && b == 0) {
             void *mem = NULL;
-            status = ferry_alloc(engine, (size_t)a, "cpu", FERRY_REG_REMOTE, &mem);
+            char location[32] = "cpu";
+            sscanf(line, "%*s %*s %31s", location);
+            status = ferry_alloc(engine, (size_t)a, location, FERRY_REG_REMOTE, &mem);
             if (status == FERRY_OK) {
                 printf("ALLOC %" PRIxPTR "\n", (uintptr_t)mem);
                 fflush(stdout);

@@ -25,3 +25,17 @@ ferry_status_t one_request_via(ferry_engine_h engine, ferry_opcode_t op, void *b
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     return status;
 }
+
+ferry_status_t one_request_served_by(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                                     ferry_segment_h segment, uint64_t remote, size_t length,
+                                     const char *want_transport)
+{
+    ferry_xfer_status_t xs;
+    ferry_status_t status = one_request(engine, op, buf, segment, remote, length, &xs);
+    if (status == FERRY_OK && want_transport != NULL) {
+        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
+        cr_assert_eq(xs.transferred, length);
+        cr_assert_str_eq(xs.transport, want_transport, "served by %s", xs.transport);
+    }
+    return status;
+}

@@ -13,5 +13,10 @@ ferry_status_t one_request(ferry_engine_h engine, ferry_opcode_t op, void *buf,
 ferry_status_t one_request_via(ferry_engine_h engine, ferry_opcode_t op, void *buf,
                                ferry_segment_h segment, uint64_t remote, size_t length,
                                const char *transport, ferry_xfer_status_t *xs_p);
+/* The same; when it completed and want_transport is not NULL, asserts that
+ * all of it was transferred by that transport. */
+ferry_status_t one_request_served_by(ferry_engine_h engine, ferry_opcode_t op, void *buf,
+                                     ferry_segment_h segment, uint64_t remote, size_t length,
+                                     const char *want_transport);
 
 #endif

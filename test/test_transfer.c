@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "one_request.h"
 #include "peer_process.h"
+#include "put_get.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -44,22 +46,7 @@ static void teardown(void)
 
 static ferry_status_t transfer(ferry_opcode_t op, void *buf, uint64_t remote, size_t length)
 {
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 4, &batch), FERRY_OK);
-    ferry_request_t req = {.opcode = op, .local = buf, .target = segment, .target_offset = remote,
-                           .length = length};
-    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
-    if (status == FERRY_OK)
-        status = ferry_batch_wait(batch, 60000);
-    ferry_xfer_status_t xs;
-    if (status == FERRY_OK) {
-        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
-        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
-        cr_assert_eq(xs.transferred, length);
-        cr_assert_str_eq(xs.transport, TRANSFER_TRANSPORT);
-    }
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
-    return status;
+    return one_request_served_by(engine, op, buf, segment, remote, length, TRANSFER_TRANSPORT);
 }
 
 TestSuite(transfer, .init = setup, .fini = teardown, .timeout = 120);
@@ -67,24 +54,8 @@ TestSuite(transfer, .init = setup, .fini = teardown, .timeout = 120);
 Test(transfer, write_then_read_sizes_1B_to_64MiB_unaligned)
 {
     static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        size_t length = sizes[i];
-        size_t local_off = 3, remote_off = 5 + i; /* deliberately unaligned */
-        unsigned seed = 100 + (unsigned)i;
-        test_pattern_fill(local + local_off, length, seed);
-        cr_assert_eq(transfer(FERRY_OP_WRITE, local + local_off, peer.arena + remote_off, length),
-                     FERRY_OK, "write of %zu bytes", length);
-        cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %u", remote_off, length, seed), "OK",
-                         "bytes written (%zu) differ at the target", length);
-
-        cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu %u", remote_off, length, seed + 50),
-                         "OK");
-        memset(local + local_off, 0, length);
-        cr_assert_eq(transfer(FERRY_OP_READ, local + local_off, peer.arena + remote_off, length),
-                     FERRY_OK, "read of %zu bytes", length);
-        cr_assert_eq(test_pattern_check(local + local_off, length, seed + 50), SIZE_MAX,
-                     "bytes read (%zu) differ", length);
-    }
+    put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]),
+                  TRANSFER_TRANSPORT);
 }
 
 Test(transfer, unregistered_local_buffer_works)

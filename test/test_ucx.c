@@ -23,6 +23,7 @@
 #include "service_process.h"
 #include "capture_stderr.h"
 #include "one_request.h"
+#include "put_get.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -68,21 +69,14 @@ TestSuite(ucx, .fini = stop, .timeout = 60);
 static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
                                uint64_t remote, size_t length, const char *want_transport)
 {
-    ferry_xfer_status_t xs;
-    ferry_status_t status = one_request(engine, op, buf, segment, remote, length, &xs);
-    if (status == FERRY_OK && want_transport != NULL) {
-        cr_assert_eq(xs.state, FERRY_XFER_COMPLETED);
-        cr_assert_eq(xs.transferred, length);
-        cr_assert_str_eq(xs.transport, want_transport, "served by %s", xs.transport);
-    }
-    return status;
+    return one_request_served_by(engine, op, buf, segment, remote, length, want_transport);
 }
 
 /* Write then read back sizes 1 B .. 64 MiB at unaligned offsets, bytes
  * checked on both sides; the local buffer registered or not.  allocated:
  * the peer's memory comes from ferry_alloc (UCX-mapped, attached by same-host
  * peers) instead of being registered user memory. */
-static void put_get_sizes(int allocated)
+static void put_get(int allocated)
 {
     peer_process_t peer;
     ferry_segment_h segment;
@@ -95,61 +89,9 @@ static void put_get_sizes(int allocated)
     cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
 
     static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        size_t length = sizes[i];
-        size_t local_off = 3, remote_off = 5 + i;
-        unsigned seed = 100 + (unsigned)i;
-        test_pattern_fill(local + local_off, length, seed);
-        cr_assert_eq(transfer(FERRY_OP_WRITE, local + local_off, segment,
-                              peer.arena + remote_off, length, "ucx"),
-                     FERRY_OK, "write of %zu bytes", length);
-        cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %u", remote_off, length, seed), "OK",
-                         "bytes written (%zu) differ at the target", length);
-        cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu %u", remote_off, length, seed + 50),
-                         "OK");
-        memset(local + local_off, 0, length);
-        cr_assert_eq(transfer(FERRY_OP_READ, local + local_off, segment,
-                              peer.arena + remote_off, length, "ucx"),
-                     FERRY_OK, "read of %zu bytes", length);
-        cr_assert_eq(test_pattern_check(local + local_off, length, seed + 50), SIZE_MAX,
-                     "bytes read (%zu) differ", length);
-    }
-
-    /* A local buffer that is not registered (no memory handle) works too. */
-    unsigned char *plain = malloc(MIB + 1);
-    cr_assert_not_null(plain);
-    test_pattern_fill(plain, MIB + 1, 7);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, plain, segment, peer.arena + 1, MIB + 1, "ucx"),
-                 FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&peer, "check 1 %zu 7", MIB + 1), "OK");
-    memset(plain, 0, MIB + 1);
-    cr_assert_eq(transfer(FERRY_OP_READ, plain, segment, peer.arena + 1, MIB + 1, "ucx"),
-                 FERRY_OK);
-    cr_assert_eq(test_pattern_check(plain, MIB + 1, 7), SIZE_MAX);
-    free(plain);
-
-    /* Many requests in one batch, interleaved writes and reads. */
-    enum { N = 64 };
-    ferry_request_t reqs[N];
-    ferry_batch_h batch;
-    test_pattern_fill(local, 32 * 4096, 9);
-    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 10", 32 * MIB, (size_t)32 * 4096), "OK");
-    for (int i = 0; i < N; i++) {
-        int write = i % 2 == 0;
-        size_t k = (size_t)i / 2;
-        reqs[i] = (ferry_request_t){.opcode = write ? FERRY_OP_WRITE : FERRY_OP_READ,
-                                    .local = write ? local + k * 4096 : local + MIB + k * 4096,
-                                    .target = segment,
-                                    .target_offset = peer.arena + (write ? 0 : 32 * MIB) +
-                                                     k * 4096,
-                                    .length = 4096};
-    }
-    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
-    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
-    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 9", (size_t)32 * 4096), "OK");
-    cr_assert_eq(test_pattern_check(local + MIB, 32 * 4096, 10), SIZE_MAX);
+    put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]), "ucx");
+    put_get_unregistered(engine, &peer, segment, "ucx");
+    put_get_batch(engine, &peer, segment, local, NULL);
 
     cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
     ferry_segment_close(engine, segment);
@@ -161,28 +103,28 @@ Test(ucx, put_get_over_shared_memory_1B_to_64MiB)
     /* require: the endpoint must use a shared-memory lane, or ucx refuses it */
     setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
     start("sm,self", "ucx");
-    put_get_sizes(0);
+    put_get(0);
 }
 
 Test(ucx, put_get_into_ferry_alloc_memory_over_shared_memory)
 {
     setenv("FERRY_UCX_SAME_HOST_SHM", "require", 1);
     start("sm,self", "ucx");
-    put_get_sizes(1);
+    put_get(1);
 }
 
 Test(ucx, put_get_over_tcp_1B_to_64MiB)
 {
     setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
     start("tcp", "ucx");
-    put_get_sizes(0);
+    put_get(0);
 }
 
 Test(ucx, put_get_into_ferry_alloc_memory_over_tcp)
 {
     setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
     start("tcp", "ucx");
-    put_get_sizes(1);
+    put_get(1);
 }
 
 Test(ucx, several_workers_on_both_sides)
@@ -636,22 +578,7 @@ Test(ucx, freed_ferry_alloc_buffer_is_refused_and_others_work)
 {
     start("sm,self", "ucx");
     peer_process_t peer;
-    ferry_segment_h segment;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    uintptr_t first, second;
-    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 4 * MIB), "ALLOC %lx", &first), 1);
-    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 4 * MIB), "ALLOC %lx", &second), 1);
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    test_pattern_fill(local, 4 * MIB, 41);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first, 4 * MIB, "ucx"), FERRY_OK);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, second, 4 * MIB, "ucx"), FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&peer, "free 0x%lx", (unsigned long)first), "OK");
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first, 4096, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a write to the freed buffer is refused");
-    memset(local + 4 * MIB, 0, 4 * MIB);
-    cr_assert_eq(transfer(FERRY_OP_READ, local + 4 * MIB, segment, second, 4 * MIB, "ucx"),
-                 FERRY_OK, "the other buffer still works");
-    cr_assert_eq(test_pattern_check(local + 4 * MIB, 4 * MIB, 41), SIZE_MAX);
-    ferry_segment_close(engine, segment);
+    put_get_after_free(engine, &peer, local, "cpu", "ucx");
     peer_stop(&peer);
 }

@@ -84,21 +84,22 @@ void *ferry_ucx_base64_decode(const char *text, size_t text_length, size_t *leng
 
 /* ---------------- registration ---------------- */
 
-/* "cpu", "cpu:N" -> host; "cuda:N" -> CUDA; "rocm:N" -> ROCm; 0 if unknown. */
+/* "cpu", "cpu:N", "cxl", "cxl:N" -> host; "cuda:N" -> CUDA; "rocm:N" -> ROCm;
+ * 0 if unknown. */
 static int location_memory_type(const char *location, ucs_memory_type_t *type_p)
 {
     static const struct {
         const char *prefix;
         ucs_memory_type_t type;
     } kinds[] = {
-        {"cpu", UCS_MEMORY_TYPE_HOST},
+        {"cpu", UCS_MEMORY_TYPE_HOST}, /* any case: "CPU" has always worked here */
         {"host", UCS_MEMORY_TYPE_HOST},
         {"cuda_managed", UCS_MEMORY_TYPE_CUDA_MANAGED},
         {"cuda", UCS_MEMORY_TYPE_CUDA},
         {"rocm_managed", UCS_MEMORY_TYPE_ROCM_MANAGED},
         {"rocm", UCS_MEMORY_TYPE_ROCM},
     };
-    if (location == NULL || *location == '\0') {
+    if (ferry_location_is_host(location)) {
         *type_p = UCS_MEMORY_TYPE_HOST;
         return 1;
     }
@@ -188,6 +189,10 @@ ferry_status_t ferry_ucx_mem_alloc(void *ctx, size_t length, const char *locatio
     ucs_memory_type_t type;
     if (!location_memory_type(location, &type))
         return FERRY_ERR_UNSUPPORTED; /* nothing to detect a type from */
+    /* "cxl" memory is the CXL window's, which only the cxl transport hands
+     * out: UCX memory in its place would not be in the window at all. */
+    if (location != NULL && strncmp(location, "cxl", 3) == 0)
+        return FERRY_ERR_UNSUPPORTED;
     ucp_mem_map_params_t params = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS,

@@ -83,7 +83,7 @@ enum {
 typedef struct ferry_region {
     void *addr;
     size_t length;
-    const char *location; /* "cpu", "cpu:NUMA", "cuda:N", ...; NULL = "cpu" */
+    const char *location; /* "cpu", "cpu:NUMA", "cxl", "cuda:N", ...; NULL = "cpu" */
 } ferry_region_t;
 
 /*
@@ -107,8 +107,11 @@ FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
  * that provides memory at that location (location NULL = "cpu"): with ucx,
  * memory UCX maps itself, which a same-host peer attaches and writes with
  * plain stores instead of UCX's emulated RMA on registered user memory;
- * without such a transport, page-aligned heap memory (from 2 MiB up:
- * 2 MiB-aligned, transparent huge pages advised).  *addr_p is the
+ * at location "cxl" (or "cxl:N"), chunks of the cxl transport's shared
+ * window (FERRY_CXL_PATH; FERRY_ERR_UNSUPPORTED without one,
+ * FERRY_ERR_NO_MEMORY when it is full); for "cpu" without such a
+ * transport, page-aligned heap memory (from 2 MiB up: 2 MiB-aligned,
+ * transparent huge pages advised).  *addr_p is the
  * segment address peers use.  Release with ferry_free (ferry_unregister
  * refuses to drop its last registration); ferry_engine_destroy frees what
  * is left.

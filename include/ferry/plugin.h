@@ -88,6 +88,14 @@ FERRY_API unsigned long long ferry_process_start_time(long pid);
 /* Whether pid still names the process that started at start_time. */
 FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
 
+/* ---- memory locations ---- */
+
+/* Whether memory at that location is host memory, which the CPU reaches with
+ * loads and stores and the kernel copies: NULL or "" (the default), "cpu",
+ * "cpu:N", and "cxl", "cxl:N" (the cxl transport's shared window, mapped
+ * like any file).  Device memory ("cuda:N", "rocm:N", ...) is not. */
+FERRY_API int ferry_location_is_host(const char *location);
+
 /* ---- transports ---- */
 
 /* What a transport knows of a remote segment. */
@@ -200,6 +208,11 @@ enum {
     FERRY_TRANSPORT_SAME_HOST_ONLY = 1u << 0, /* transports: never across hosts */
     FERRY_METADATA_OWNER_SERVES = 1u << 1,    /* metadata: peers fetch descriptors from their
                                                  owner, so publish needs no encoding */
+    /* transports: works only once the user configured it.  create returns
+     * FERRY_ERR_UNSUPPORTED when not configured: the engine skips it without
+     * a word; any other failure fails the engine, since the user asked for
+     * it.  Named in FERRY_TRANSPORTS while not configured: an error. */
+    FERRY_TRANSPORT_OPT_IN = 1u << 2,
 };
 
 /* ---- metadata stores ---- */

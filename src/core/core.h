@@ -295,6 +295,7 @@ void ferry_batch_free_all(ferry_engine_t *engine);
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);
 const ferry_plugin_t *ferry_shm_plugin(void);
+const ferry_plugin_t *ferry_cxl_plugin(void);
 const ferry_plugin_t *ferry_p2p_plugin(void);
 
 #endif

@@ -179,7 +179,10 @@ static ferry_status_t start_metadata(ferry_engine_t *engine)
     return status;
 }
 
-static ferry_status_t add_transport(ferry_engine_t *engine, const char *name)
+/* An opt-in transport that is not configured says FERRY_ERR_UNSUPPORTED:
+ * named in FERRY_TRANSPORTS, that is an error; found by a scan (quiet_opt_in),
+ * it is skipped without a word. */
+static ferry_status_t add_transport(ferry_engine_t *engine, const char *name, int quiet_opt_in)
 {
     const ferry_plugin_t *plugin;
     for (size_t i = 0; i < engine->n_transports; i++)
@@ -197,6 +200,13 @@ static ferry_status_t add_transport(ferry_engine_t *engine, const char *name)
     tp->plugin = plugin;
     tp->ops = plugin->ops;
     status = tp->ops->create(&engine->transport_services, &tp->ctx);
+    int opt_in = (plugin->flags & FERRY_TRANSPORT_OPT_IN) != 0;
+    if (status == FERRY_ERR_UNSUPPORTED && opt_in) {
+        if (!quiet_opt_in)
+            ferry_error("transport %s is not configured (its FERRY_%s_* settings: ferry_info -c)",
+                        name, plugin->settings_component ? plugin->settings_component : "?");
+        return status;
+    }
     if (status != FERRY_OK) {
         ferry_error("transport %s failed to start: %s", name, ferry_status_string(status));
         return status;
@@ -238,7 +248,7 @@ static ferry_status_t start_transports(ferry_engine_t *engine)
         char *copy = strdup(list), *save = NULL;
         for (char *name = strtok_r(copy, ",", &save); name && status == FERRY_OK;
              name = strtok_r(NULL, ",", &save))
-            status = add_transport(engine, name);
+            status = add_transport(engine, name, 0);
         free(copy);
         return status;
     }
@@ -249,8 +259,12 @@ static ferry_status_t start_transports(ferry_engine_t *engine)
         if (plugin->kind != FERRY_PLUGIN_TRANSPORT || (*list && name_in_list(list + 1,
                                                                              plugin->name)))
             continue;
-        status = add_transport(engine, plugin->name);
-        if (status != FERRY_OK && strcmp(plugin->name, "tcp") != 0) {
+        status = add_transport(engine, plugin->name, 1);
+        if (status == FERRY_ERR_UNSUPPORTED && (plugin->flags & FERRY_TRANSPORT_OPT_IN))
+            status = FERRY_OK; /* not configured: not wanted */
+        /* An opt-in transport that fails was asked for: the engine fails. */
+        if (status != FERRY_OK && strcmp(plugin->name, "tcp") != 0 &&
+            !(plugin->flags & FERRY_TRANSPORT_OPT_IN)) {
             ferry_warn("transport %s is skipped: %s", plugin->name, ferry_status_string(status));
             status = FERRY_OK;
         }

@@ -171,7 +171,9 @@ static ferry_status_t heap_alloc(size_t length, void **addr_p)
 }
 
 /* Memory from the first transport (highest priority) that allocates for
- * that location, else page-aligned heap memory for the host. */
+ * that location, else page-aligned heap memory for the host.  A transport's
+ * failure other than "not my kind of memory" is what the caller hears when
+ * nothing else provides the memory (the CXL window full, say). */
 static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
                                      const char *location, unsigned flags,
                                      ferry_reg_entry_t **entry_p)
@@ -181,6 +183,7 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
     entry->allocated = 1;
+    ferry_status_t failed = FERRY_ERR_UNSUPPORTED;
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
         if (!FERRY_TRANSPORT_OPS_HAS(tp->ops, mem_alloc))
@@ -196,24 +199,32 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
         free(entry->keys[i]);
         entry->keys[i] = NULL;
         entry->memh[i] = NULL;
-        if (status != FERRY_ERR_UNSUPPORTED)
+        if (status != FERRY_ERR_UNSUPPORTED) {
             ferry_warn("transport %s cannot allocate %zu bytes at %s: %s", tp->plugin->name,
                        length, entry->location, ferry_status_string(status));
+            failed = status;
+        }
     }
-    ferry_status_t status = FERRY_ERR_UNSUPPORTED;
-    void *addr = NULL;
-    if (strncmp(entry->location, "cpu", 3) == 0)
-        status = heap_alloc(length, &addr);
-    if (status == FERRY_OK) {
-        entry->addr = (uintptr_t)addr;
-        entry->alloc_transport = FERRY_ALLOC_HEAP;
-        return FERRY_OK;
-    }
-    if (status == FERRY_ERR_UNSUPPORTED)
+    ferry_status_t status = failed;
+    /* Host memory, but never the CXL window's: "cxl" memory from the heap
+     * would be reachable by nothing that the user asked for. */
+    if (ferry_location_is_host(entry->location) && !ferry_location_is_cxl(entry->location)) {
+        void *addr = NULL;
+        if (heap_alloc(length, &addr) == FERRY_OK) {
+            entry->addr = (uintptr_t)addr;
+            entry->alloc_transport = FERRY_ALLOC_HEAP;
+            return FERRY_OK;
+        }
+        ferry_error("allocate %zu bytes at %s: out of memory", length, entry->location);
+        status = FERRY_ERR_NO_MEMORY;
+    } else if (status == FERRY_ERR_UNSUPPORTED && ferry_location_is_cxl(entry->location)) {
+        ferry_error("allocate %zu bytes at %s: the cxl transport is not running (no window: "
+                    "set FERRY_CXL_PATH; or FERRY_TRANSPORTS leaves it out)", length,
+                    entry->location);
+    } else if (status == FERRY_ERR_UNSUPPORTED) {
         ferry_error("allocate %zu bytes at %s: no transport provides such memory", length,
                     entry->location);
-    else
-        ferry_error("allocate %zu bytes at %s: out of memory", length, entry->location);
+    }
     entry->allocated = 0;
     ferry_reg_entry_free(entry);
     *entry_p = NULL;

@@ -1,5 +1,5 @@
 /*
- * Plugins: built-in ones (tcp, p2p) and loadable modules named
+ * Plugins: built-in ones (tcp, shm, cxl, p2p) and loadable modules named
  * ferry_<name>.so in the module path (FERRY_MODULE_DIR, a colon-separated
  * list; the install directory by default).  A module exports exactly one
  * symbol, ferry_plugin_entry.  Loaded modules stay loaded for the life of
@@ -14,7 +14,8 @@
 #include <string.h>
 
 typedef const ferry_plugin_t *(*builtin_fn_t)(void);
-static const builtin_fn_t builtins[] = {ferry_tcp_plugin, ferry_shm_plugin, ferry_p2p_plugin};
+static const builtin_fn_t builtins[] = {ferry_tcp_plugin, ferry_shm_plugin, ferry_cxl_plugin,
+                                         ferry_p2p_plugin};
 
 int ferry_plugin_is_builtin(const ferry_plugin_t *plugin)
 {

@@ -41,7 +41,8 @@ typedef struct options {
     int latency;
     int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
     int baseline;       /* --memcpy-baseline */
-    int heap;           /* --memory=heap: posix_memalign + ferry_register */
+    const char *memory; /* --memory: ferry, heap (posix_memalign + ferry_register) or cxl */
+    int heap;           /* --memory=heap */
 } options_t;
 
 typedef struct thread_ctx {
@@ -90,16 +91,17 @@ static void usage(FILE *out)
         "  --metadata=URI        metadata store (default: FERRY_METADATA, else p2p)\n"
         "  --segment=NAME        initiator: the target's segment name\n"
         "  --operation=OP        read or write (default write)\n"
-        "  --block-size=BYTES    bytes per request (default 64k; k/m/g suffixes)\n"
-        "  --batch-size=N        requests per batch (default 128)\n"
-        "  --threads=N           initiator threads, each with its own batch (default 1)\n"
-        "  --duration=SECONDS    initiator run time (default 5)\n"
+        "  -b, --block-size=BYTES  bytes per request (default 64k; k/m/g suffixes)\n"
+        "  -B, --batch-size=N    requests per batch (default 128)\n"
+        "  -t, --threads=N       initiator threads, each with its own batch (default 1)\n"
+        "  -d, --duration=SECONDS  initiator run time (default 5)\n"
         "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
         "                        most 64m; blocks wrap around it)\n"
         "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
         "  --memory=KIND         ferry (default): buffers from ferry_alloc, the memory the\n"
         "                        transports reach best; heap: malloc-ed memory registered\n"
-        "                        with ferry_register (both sides)\n"
+        "                        with ferry_register; cxl: ferry_alloc from the CXL window\n"
+        "                        (FERRY_CXL_PATH) (both sides)\n"
         "  --memcpy-baseline     first measure single-thread memcpy of the same blocks\n"
         "                        between two buffers of this process, of the --memory\n"
         "                        kind the benchmark uses, and print it\n"
@@ -132,10 +134,11 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
-                     .threads = 1, .duration = 5.0};
+                     .threads = 1, .duration = 5.0, .memory = "ferry"};
     int opt;
     char *end;
-    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+    /* Short options for the ones a benchmark run changes most. */
+    while ((opt = getopt_long(argc, argv, "hb:B:t:d:", long_options, NULL)) != -1) {
         switch (opt) {
         case 'M': o->mode = optarg; break;
         case 'm': o->metadata = optarg; break;
@@ -147,10 +150,12 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
         case 'A':
-            if (strcmp(optarg, "ferry") && strcmp(optarg, "heap")) {
-                fprintf(stderr, "ferry_bench: --memory is ferry or heap, not %s\n", optarg);
+            if (strcmp(optarg, "ferry") && strcmp(optarg, "heap") && strcmp(optarg, "cxl")) {
+                fprintf(stderr, "ferry_bench: --memory is ferry, heap or cxl, not %s\n",
+                        optarg);
                 return -1;
             }
+            o->memory = optarg;
             o->heap = strcmp(optarg, "heap") == 0;
             break;
         case 'o':
@@ -245,13 +250,15 @@ static int make_engine(const options_t *o, ferry_engine_h *engine_p)
     return 0;
 }
 
-/* A registered buffer of size bytes, from ferry_alloc or from the heap. */
+/* A registered buffer of size bytes, from ferry_alloc (host memory or the
+ * CXL window) or from the heap. */
 static unsigned char *buffer_acquire(const options_t *o, ferry_engine_h engine, size_t size)
 {
     void *p = NULL;
     ferry_status_t status;
     if (!o->heap) {
-        status = ferry_alloc(engine, size, "cpu", FERRY_REG_REMOTE, &p);
+        const char *location = strcmp(o->memory, "cxl") == 0 ? "cxl" : "cpu";
+        status = ferry_alloc(engine, size, location, FERRY_REG_REMOTE, &p);
     } else if (posix_memalign(&p, 4096, size) != 0) {
         p = NULL;
         status = FERRY_ERR_NO_MEMORY;
@@ -606,7 +613,7 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
         args[n++] = "--spawn";
         args[n++] = buffer_size;
         args[n++] = threads;
-        char metadata[512], transport[256];
+        char metadata[512], transport[256], memory[32];
         if (o->metadata) {
             snprintf(metadata, sizeof(metadata), "--metadata=%s", o->metadata);
             args[n++] = metadata;
@@ -615,8 +622,8 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
             snprintf(transport, sizeof(transport), "--transport=%s", o->transport);
             args[n++] = transport;
         }
-        if (o->heap)
-            args[n++] = "--memory=heap";
+        snprintf(memory, sizeof(memory), "--memory=%s", o->memory);
+        args[n++] = memory;
         args[n] = NULL;
         execv("/proc/self/exe", args);
         _exit(127);

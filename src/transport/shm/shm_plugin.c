@@ -60,8 +60,9 @@ static ferry_status_t shm_mem_register(void *ctx, void *addr, size_t length,
 {
     *memh_p = NULL;
     *key_p = NULL;
-    /* Device memory is not reachable through another process's page tables. */
-    if (location != NULL && strncmp(location, "cpu", 3) != 0)
+    /* Device memory is not reachable through another process's page tables;
+     * host memory is, the CXL window's included. */
+    if (!ferry_location_is_host(location))
         return FERRY_OK;
     *key_p = strdup("");
     return *key_p ? FERRY_OK : FERRY_ERR_NO_MEMORY;
