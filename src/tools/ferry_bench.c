@@ -30,6 +30,7 @@ typedef struct options {
     const char *metadata;
     const char *segment;
     const char *transport;
+    const char *via;    /* --via: every request names this transport */
     int write;
     size_t block_size;
     size_t batch_size;
@@ -98,6 +99,8 @@ static void usage(FILE *out)
         "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
         "                        most 64m; blocks wrap around it)\n"
         "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
+        "  --via=NAME            every request names that transport (ferry_request_t's\n"
+        "                        transport field) instead of the engine choosing one\n"
         "  --memory=KIND         ferry (default): buffers from ferry_alloc, the memory the\n"
         "                        transports reach best; heap: malloc-ed memory registered\n"
         "                        with ferry_register; cxl: ferry_alloc from the CXL window\n"
@@ -131,6 +134,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
         {"latency", no_argument, NULL, 'L'},          {"memory", required_argument, NULL, 'A'},
         {"memcpy-baseline", no_argument, NULL, 'C'}, {"pingpong", no_argument, NULL, 'G'},
+        {"via", required_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -147,6 +151,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'v': o->verify = 1; break;
         case 'L': o->latency = 1; break;
         case 'G': o->pingpong = 1; break;
+        case 'V': o->via = optarg; break;
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
         case 'A':
@@ -387,7 +392,7 @@ static void *initiator_thread(void *arg)
             reqs[i] = (ferry_request_t){.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
                                         .local = ctx->local + offset, .target = ctx->segment,
                                         .target_offset = ctx->remote + offset,
-                                        .length = o->block_size};
+                                        .length = o->block_size, .transport = o->via};
         }
         status = ferry_batch_submit(batch, reqs, o->batch_size);
         if (status == FERRY_OK)
