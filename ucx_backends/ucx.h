@@ -183,7 +183,7 @@ struct ferry_ucx_worker {
     int thread_started;
     atomic_int stop;
     atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
-    atomic_uint_fast64_t caller_poll_us;   /* a caller's thread last progressed us */
+    atomic_uint_fast64_t caller_polls;     /* bumped by every caller's progress call */
     atomic_uint busy;                      /* groups in flight: sweep deadlines */
     atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
     atomic_int close_pending;              /* close_queue or flush_queue is not empty */
@@ -205,9 +205,15 @@ struct ferry_ucx {
     ferry_ucx_worker_t *workers;
     char *address; /* our endpoint string; immutable after create */
 
-    pthread_mutex_t lock;   /* buckets, ep->state, ep->next */
+    pthread_mutex_t lock;   /* buckets, ep->state, ep->next, memo_* */
     pthread_cond_t settled; /* a CONNECTING endpoint changed state */
     ferry_ucx_ep_t *buckets[FERRY_UCX_EP_BUCKETS];
+    /* The endpoint the last submit found, and the endpoint string (the
+     * descriptor's, by address) it was found by: a submit to the same peer
+     * skips the hash and the string compare.  Cleared when that endpoint
+     * leaves the table. */
+    ferry_ucx_ep_t *memo_ep;
+    const char *memo_endpoint;
 };
 
 /* ---- ucx_plugin.c ---- */

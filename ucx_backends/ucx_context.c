@@ -172,10 +172,13 @@ unsigned ferry_ucx_progress(void *ctx)
     unsigned events = 0;
     for (unsigned i = 0; i < ucx->n_workers; i++) {
         ferry_ucx_worker_t *w = &ucx->workers[i];
-        /* The worker's thread sees this and sleeps while we poll: one
-         * poller per worker, no lock contention, no core taken from the
-         * peer's pollers. */
-        atomic_store_explicit(&w->caller_poll_us, ferry_ucx_time_us(), memory_order_relaxed);
+        /* The worker's thread sees the count move and sleeps while we
+         * poll: one poller per worker, no lock contention, no core taken
+         * from the peer's pollers.  (A lost update between two callers
+         * still moves it; no clock read here.) */
+        atomic_store_explicit(&w->caller_polls,
+                              atomic_load_explicit(&w->caller_polls, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
         events += ucp_worker_progress(w->worker);
     }
     return events;
@@ -190,16 +193,16 @@ static void *progress_main(void *arg)
     const unsigned timeout = ucx->settings.timeout_ms;
     const unsigned tick_ms = timeout ? FERRY_UCX_MAX(timeout / 4, 1u) : 1000u;
     uint64_t next_sweep = ferry_ucx_time_ms() + tick_ms;
+    uint64_t polls_seen = atomic_load(&w->caller_polls);
 
     while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
         /* While a caller polls the worker (ferry_batch_wait's spin,
          * ferry_engine_progress) this thread keeps off it: two pollers of
          * one worker only contend for its lock, and on a small host they
          * take the core the peer's poller needs. */
-        int caller_polls =
-            mode != FERRY_UCX_PROGRESS_POLL &&
-            ferry_ucx_since(atomic_load_explicit(&w->caller_poll_us, memory_order_relaxed),
-                            ferry_ucx_time_us()) < spin_us;
+        uint64_t polls = atomic_load_explicit(&w->caller_polls, memory_order_relaxed);
+        int caller_polls = mode != FERRY_UCX_PROGRESS_POLL && polls != polls_seen;
+        polls_seen = polls;
         unsigned events = caller_polls ? 0 : ucp_worker_progress(w->worker);
         uint64_t now_ms = ferry_ucx_time_ms();
         int sweep = now_ms >= next_sweep;

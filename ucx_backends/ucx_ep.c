@@ -21,8 +21,41 @@ static ferry_ucx_ep_t **table_slot(ferry_ucx_t *ucx, const char *endpoint, uint6
     return pp;
 }
 
+/* The endpoint of that peer incarnation in the table, or NULL; *slot_p (if
+ * not NULL) is where it is linked (a hash and a string compare), filled only
+ * when the memo of the last lookup does not answer. */
+static ferry_ucx_ep_t *table_find(ferry_ucx_t *ucx, const ferry_peer_t *peer,
+                                  ferry_ucx_ep_t ***slot_p)
+{
+    ferry_ucx_ep_t *ep = ucx->memo_ep;
+    /* The same string (by address) with the same generation is the same
+     * incarnation's endpoint: generations are random per incarnation. */
+    if (ep != NULL && ucx->memo_endpoint == peer->endpoint && ep->generation == peer->generation) {
+        if (slot_p != NULL)
+            *slot_p = NULL;
+        return ep;
+    }
+    ferry_ucx_ep_t **slot = table_slot(ucx, peer->endpoint, peer->generation);
+    if (slot_p != NULL)
+        *slot_p = slot;
+    if (*slot != NULL) {
+        ucx->memo_ep = *slot;
+        ucx->memo_endpoint = peer->endpoint;
+    }
+    return *slot;
+}
+
+static void memo_drop(ferry_ucx_t *ucx, const ferry_ucx_ep_t *ep)
+{
+    if (ucx->memo_ep == ep) {
+        ucx->memo_ep = NULL;
+        ucx->memo_endpoint = NULL;
+    }
+}
+
 static void table_remove(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
 {
+    memo_drop(ucx, ep);
     ferry_ucx_ep_t **pp = table_slot(ucx, ep->endpoint, ep->generation);
     if (*pp == ep)
         *pp = ep->next;
@@ -412,8 +445,8 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
     if (peer == NULL || peer->endpoint == NULL || *peer->endpoint == '\0')
         return FERRY_ERR_INVALID_PARAM;
     pthread_mutex_lock(&ucx->lock);
-    ferry_ucx_ep_t **slot = table_slot(ucx, peer->endpoint, peer->generation);
-    ferry_ucx_ep_t *ep = *slot;
+    ferry_ucx_ep_t **slot;
+    ferry_ucx_ep_t *ep = table_find(ucx, peer, &slot);
     uint64_t now = ferry_ucx_time_ms();
     if (ep != NULL && ep->state == FERRY_UCX_EP_READY && ep->pid > 0 &&
         ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS) {
@@ -426,12 +459,14 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
         ferry_ucx_ep_check_alive(ep); /* marks it FAILED if not */
         ferry_ucx_ep_unref(ep);
         pthread_mutex_lock(&ucx->lock);
-        slot = table_slot(ucx, peer->endpoint, peer->generation);
-        ep = *slot;
+        ep = table_find(ucx, peer, &slot);
     }
     if (ep != NULL && ep->state == FERRY_UCX_EP_FAILED) {
         /* Say so once, so the engine forgets, refreshes and retries; that
          * retry (or the next submit) connects afresh. */
+        if (slot == NULL)
+            slot = table_slot(ucx, peer->endpoint, peer->generation);
+        memo_drop(ucx, ep);
         *slot = ep->next;
         ep->next = NULL;
         ep->state = FERRY_UCX_EP_GONE;
@@ -596,6 +631,7 @@ void ferry_ucx_eps_destroy(ferry_ucx_t *ucx)
                 pthread_cond_wait(&ucx->settled, &ucx->lock); /* a submit still connecting */
                 continue;
             }
+            memo_drop(ucx, ep);
             ucx->buckets[b] = ep->next;
             ep->state = FERRY_UCX_EP_GONE;
             ep->next = all;
