@@ -173,13 +173,7 @@ ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char 
 
     unsigned timeout_ms = ucx->settings.timeout_ms ? ucx->settings.timeout_ms : 30000;
     struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    ferry_deadline_after_ms(&deadline, CLOCK_REALTIME, timeout_ms);
     pthread_mutex_lock(&waiter->lock);
     while (!waiter->done &&
            pthread_cond_timedwait(&waiter->cond, &waiter->lock, &deadline) == 0)

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <ferry/ferry.h>
 
@@ -87,6 +88,14 @@ FERRY_API const char *ferry_process_identity_parse(const char *text, long *pid_p
 FERRY_API unsigned long long ferry_process_start_time(long pid);
 /* Whether pid still names the process that started at start_time. */
 FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
+
+/* ---- time ---- */
+
+/* *deadline_p = now on clock (CLOCK_REALTIME for a default condition
+ * variable, CLOCK_MONOTONIC for one set so) + timeout_ms, normalized: the
+ * deadline pthread_cond_timedwait takes. */
+FERRY_API void ferry_deadline_after_ms(struct timespec *deadline_p, int clock,
+                                       unsigned timeout_ms);
 
 /* ---- memory locations ---- */
 

@@ -631,13 +631,8 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
         drive_progress(batch, timeout_ms);
     if (atomic_load(&batch->pending) > 0) {
         struct timespec deadline;
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        if (timeout_ms >= 0)
+            ferry_deadline_after_ms(&deadline, CLOCK_REALTIME, (unsigned)timeout_ms);
         pthread_mutex_lock(&batch->lock);
         /* Count ourselves before looking at pending: a finisher either sees
          * us (and wakes us) or we see its pending == 0 (batch_wake). */

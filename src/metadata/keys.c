@@ -237,13 +237,7 @@ static void *worker_main(void *arg)
         unsigned delay_ms = worker->tick(worker->arg);
         pthread_mutex_lock(&worker->lock);
         struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += delay_ms / 1000;
-        deadline.tv_nsec += (long)(delay_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, delay_ms);
         while (!worker->stop && !worker->kicked &&
                pthread_cond_timedwait(&worker->cond, &worker->lock, &deadline) != ETIMEDOUT)
             ;

@@ -51,6 +51,17 @@ uint64_t ferry_time_us(void)
     return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
 }
 
+void ferry_deadline_after_ms(struct timespec *deadline_p, int clock, unsigned timeout_ms)
+{
+    clock_gettime((clockid_t)clock, deadline_p);
+    deadline_p->tv_sec += timeout_ms / 1000;
+    deadline_p->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline_p->tv_nsec >= 1000000000L) {
+        deadline_p->tv_sec++;
+        deadline_p->tv_nsec -= 1000000000L;
+    }
+}
+
 uint64_t ferry_time_ms(void)
 {
     return ferry_time_us() / 1000u;
