@@ -332,12 +332,13 @@ static void direct_copies_run(direct_copies_t *c)
     for (size_t i = 0; i < c->count; i++) {
         ferry_slice_t *s = c->items[i].slice;
         if (s->opcode == FERRY_OP_WRITE)
-            memcpy(c->items[i].remote, s->local, s->length);
+            ferry_copy_to_peer(c->items[i].remote, s->local, s->length);
         else
             memcpy(s->local, c->items[i].remote, s->length);
     }
-    /* The copies (non-temporal stores for large ones) are in the target's
-     * memory before anyone hears that they completed. */
+    /* The copies (non-temporal stores for large ones, fenced by
+     * ferry_copy_to_peer) are in the target's memory before anyone hears
+     * that they completed. */
     atomic_thread_fence(memory_order_seq_cst);
 }
 

@@ -89,6 +89,14 @@ FERRY_API unsigned long long ferry_process_start_time(long pid);
 /* Whether pid still names the process that started at start_time. */
 FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
 
+/* ---- copies ---- */
+
+/* Copy length bytes into memory another process reads (a same-host
+ * transport's WRITE): non-temporal stores and a store fence from
+ * FERRY_COPY_NT_MIN bytes where the CPU has them, memcpy below.  dst and
+ * src must not overlap. */
+FERRY_API void ferry_copy_to_peer(void *dst, const void *src, size_t length);
+
 /* ---- time ---- */
 
 /* *deadline_p = now on clock (CLOCK_REALTIME for a default condition

@@ -204,6 +204,7 @@ typedef struct ferry_engine_settings {
     size_t rpc_max_frame;
     unsigned invalidate_timeout_ms;
     unsigned wait_spin_us;
+    size_t copy_nt_min;
 } ferry_engine_settings_t;
 
 struct ferry_engine {

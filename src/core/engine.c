@@ -39,6 +39,9 @@ static const ferry_setting_t engine_settings[] = {
     SETTING("WAIT_SPIN", "50", "microseconds ferry_batch_wait drives the transports' progress on "
             "the calling thread before it sleeps (0: sleep at once)", wait_spin_us,
             FERRY_SETTING_UINT),
+    SETTING("COPY_NT_MIN", "256k", "same-host writes (ucx into attached memory, cxl) of at least "
+            "this many bytes use non-temporal stores (0: never); one value per process",
+            copy_nt_min, FERRY_SETTING_SIZE),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -305,6 +308,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     status = apply_config(&engine->settings, config);
     if (status != FERRY_OK)
         goto err_destroy;
+    ferry_copy_set_nt_min(engine->settings.copy_nt_min);
     read_host_id(engine);
     status = start_rpc(engine);
     if (status != FERRY_OK)

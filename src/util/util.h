@@ -22,6 +22,9 @@ void ferry_log_init(void);
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
 uint64_t ferry_time_us(void); /* monotonic */
+
+/* copy.c: ferry_copy_to_peer's threshold (FERRY_COPY_NT_MIN; 0: never). */
+void ferry_copy_set_nt_min(size_t bytes);
 /* The kernel's boot id (no newline); 0 if unreadable. */
 int ferry_boot_id(char *out, size_t len);
 

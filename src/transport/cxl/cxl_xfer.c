@@ -77,10 +77,15 @@ static ferry_status_t copy_slice(ferry_cxl_t *cxl, const ferry_peer_t *peer,
                     (unsigned long long)offset, window->path, window->size);
         return FERRY_ERR_OUT_OF_RANGE;
     }
-    /* memmove: a forged key may name the chunks the local buffer lies in. */
+    /* memmove where a forged key names the chunks the local buffer lies in. */
     unsigned char *there = window->base + offset;
+    unsigned char *mine = s->local;
+    int overlap = there < mine + s->length && mine < there + s->length;
     if (s->opcode == FERRY_OP_WRITE) {
-        memmove(there, s->local, s->length);
+        if (overlap)
+            memmove(there, s->local, s->length);
+        else
+            ferry_copy_to_peer(there, s->local, s->length); /* non-temporal when large */
         store_fence(); /* in the window before the request completes */
     } else {
         /* Nothing of the window is read before what made us ask. */
