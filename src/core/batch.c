@@ -44,6 +44,10 @@ struct ferry_batch {
     pthread_cond_t done;
     atomic_uint sleepers;       /* threads in ferry_batch_wait that may sleep on done */
     ferry_descriptor_t *notify_desc; /* attached notify, sent once the batch completes */
+    /* What ferry_batch_wait needs to know without submit_lock: a request of
+     * this round failed; a notify is attached. */
+    atomic_int any_failed;
+    atomic_int notify_attached;
     void *notify_msg;
     size_t notify_length;
     struct ferry_batch *next;   /* engine->batches_lock */
@@ -72,6 +76,8 @@ static void request_finish(request_state_t *req)
         req->local_entry = NULL;
     }
     atomic_store(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED);
+    if (error)
+        atomic_store(&batch->any_failed, 1); /* before pending: a waiter sees both */
     if (atomic_fetch_sub(&batch->pending, 1) == 1)
         batch_wake(batch);
 }
@@ -545,6 +551,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         for (size_t i = 0; i < batch->used; i++)
             request_release(engine, &batch->requests[i]);
         batch->used = 0;
+        atomic_store(&batch->any_failed, 0);
     }
     ferry_status_t status = FERRY_OK;
     if (count > batch->max - batch->used) {
@@ -601,6 +608,7 @@ static ferry_descriptor_t *take_attached_notify(ferry_batch_t *batch, void **msg
     *length_p = batch->notify_length;
     batch->notify_desc = NULL;
     batch->notify_msg = NULL;
+    atomic_store(&batch->notify_attached, 0);
     return desc;
 }
 
@@ -652,6 +660,9 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
             return FERRY_ERR_TIMEOUT;
     }
 
+    /* All completed and nothing to send: no lock. */
+    if (!atomic_load(&batch->any_failed) && !atomic_load(&batch->notify_attached))
+        return FERRY_OK;
     ferry_status_t result = FERRY_OK;
     ferry_descriptor_t *notify = NULL;
     void *msg = NULL;
@@ -701,6 +712,7 @@ ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_
     batch->notify_desc = desc;
     batch->notify_msg = copy;
     batch->notify_length = length;
+    atomic_store(&batch->notify_attached, 1);
     pthread_mutex_unlock(&batch->submit_lock);
     return FERRY_OK;
 }
