@@ -423,12 +423,13 @@ static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
     return submit_run(engine, req, 1);
 }
 
-static void launch(ferry_engine_t *engine, request_state_t *req)
+/* FERRY_OK when the request went out (or finished), else why it FAILED. */
+static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
 {
     atomic_store(&req->state, FERRY_XFER_PENDING);
     if (req->transport < 0) {
         launch_local(engine, req);
-        return;
+        return FERRY_OK;
     }
     ferry_status_t status = queue_slices(engine, req);
     if (status == FERRY_ERR_STALE || status == FERRY_ERR_PEER_FAILED ||
@@ -442,7 +443,7 @@ static void launch(ferry_engine_t *engine, request_state_t *req)
         status = resolve_refreshed(engine, req);
         if (status == FERRY_OK && req->transport < 0) {
             launch_local(engine, req);
-            return;
+            return FERRY_OK;
         }
         if (status == FERRY_OK) {
             status = queue_slices(engine, req);
@@ -461,6 +462,7 @@ static void launch(ferry_engine_t *engine, request_state_t *req)
                     ferry_status_string(status));
         request_fail(req, status);
     }
+    return status;
 }
 
 /* Consecutive requests to the same peer through the same transport go to
@@ -474,8 +476,18 @@ static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
         atomic_store(&reqs[i].state, FERRY_XFER_PENDING);
     if (submit_run(engine, reqs, n) == FERRY_OK)
         return; /* the slices are the transport's now: reqs may finish any time */
-    for (size_t i = 0; i < n; i++)
-        launch(engine, &reqs[i]);
+    for (size_t i = 0; i < n; i++) {
+        ferry_status_t status = launch(engine, &reqs[i]);
+        if ((status == FERRY_ERR_PEER_FAILED || status == FERRY_ERR_CONNECT) && i + 1 < n) {
+            /* The peer is gone even after a refresh: the rest of the run
+             * goes to it too; fail it with one line, not a retry each. */
+            ferry_error("%zu more request(s) to segment \"%s\" failed: %s", n - i - 1,
+                        reqs[i].segment->name, ferry_status_string(status));
+            for (size_t j = i + 1; j < n; j++)
+                request_fail(&reqs[j], status);
+            return;
+        }
+    }
 }
 
 static int same_route(const request_state_t *a, const request_state_t *b)

@@ -40,6 +40,7 @@ typedef struct ferry_shm_peer {
     unsigned long long start_time;
     uintptr_t probe;
     int usable;                /* the kernel lets us attach */
+    int gone;                  /* the probe found no such process */
     atomic_uint_fast64_t checked_ms;
     atomic_uint refs;
     struct ferry_shm_peer *next;

@@ -46,6 +46,7 @@ static void peer_probe(ferry_shm_t *shm, ferry_shm_peer_t *p, const char *name)
         return;
     }
     int err = errno;
+    p->gone = err == ESRCH;
     if (err != ESRCH && atomic_exchange(&shm->refused_logged, 1) == 0)
         ferry_warn("shm: the kernel refuses cross-memory attach to peer %s (pid %ld): %s "
                    "(ptrace policy or another user); the next transport serves it", name,

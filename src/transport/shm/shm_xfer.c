@@ -60,8 +60,10 @@ ferry_status_t ferry_shm_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     if (p == NULL)
         return FERRY_ERR_DECODE;
     if (!p->usable) {
+        /* A dead peer is a failed peer, not a refusal to attach. */
+        ferry_status_t status = p->gone ? FERRY_ERR_PEER_FAILED : FERRY_ERR_UNSUPPORTED;
         ferry_shm_peer_put(p);
-        return FERRY_ERR_UNSUPPORTED;
+        return status;
     }
     /* Is the pid still that process?  A copy into a recycled pid would
      * write into a stranger (looked up at most every few milliseconds). */
