@@ -128,6 +128,13 @@ Test(shm, killed_peer_fails_at_once_and_others_keep_working)
     cr_assert_gt(killed, 0, "the victim was never killed");
     cr_assert_eq(status, FERRY_ERR_PEER_FAILED, "%s", ferry_status_string(status));
     cr_assert_lt(now() - killed, 2.0, "failing took %.2f s", now() - killed);
+    for (int i = 0; i < N; i++) { /* every failed one says why: the peer */
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        if (xs.state == FERRY_XFER_FAILED)
+            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
+                         ferry_status_string(xs.error));
+    }
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 
     test_pattern_fill(local, 4 * MIB, 8);
