@@ -191,7 +191,7 @@ ferry_status_t ferry_ucx_mem_alloc(void *ctx, size_t length, const char *locatio
         return FERRY_ERR_UNSUPPORTED; /* nothing to detect a type from */
     /* "cxl" memory is the CXL window's, which only the cxl transport hands
      * out: UCX memory in its place would not be in the window at all. */
-    if (location != NULL && strncmp(location, "cxl", 3) == 0)
+    if (ferry_location_is_cxl(location))
         return FERRY_ERR_UNSUPPORTED;
     ucp_mem_map_params_t params = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |

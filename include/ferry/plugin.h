@@ -112,6 +112,9 @@ FERRY_API void ferry_deadline_after_ms(struct timespec *deadline_p, int clock,
  * "cpu:N", and "cxl", "cxl:N" (the cxl transport's shared window, mapped
  * like any file).  Device memory ("cuda:N", "rocm:N", ...) is not. */
 FERRY_API int ferry_location_is_host(const char *location);
+/* Whether the location names the CXL window ("cxl", "cxl:N"), which only the
+ * cxl transport hands out. */
+FERRY_API int ferry_location_is_cxl(const char *location);
 
 /* ---- transports ---- */
 

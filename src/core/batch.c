@@ -275,14 +275,6 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 
-static int transport_index(const ferry_engine_t *engine, const char *name)
-{
-    for (size_t i = 0; i < engine->n_transports; i++)
-        if (strcmp(engine->transports[i].plugin->name, name) == 0)
-            return (int)i;
-    return -1;
-}
-
 /* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
@@ -308,7 +300,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->remote_addr = in->target_offset;
     req->length = in->length;
     req->wanted = -1;
-    if (in->transport != NULL && (req->wanted = transport_index(engine, in->transport)) < 0) {
+    if (in->transport != NULL && (req->wanted = ferry_engine_transport_index(engine, in->transport)) < 0) {
         ferry_error("request: transport \"%s\" is not enabled in this engine", in->transport);
         return FERRY_ERR_UNSUPPORTED;
     }

@@ -254,6 +254,8 @@ struct ferry_engine {
 };
 
 ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);
+/* The index of the enabled transport of that name, or -1. */
+int ferry_engine_transport_index(const ferry_engine_t *engine, const char *name);
 void ferry_engine_free(ferry_engine_t *engine);
 
 /* engine_register.c */

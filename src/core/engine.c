@@ -182,15 +182,22 @@ static ferry_status_t start_metadata(ferry_engine_t *engine)
     return status;
 }
 
+int ferry_engine_transport_index(const ferry_engine_t *engine, const char *name)
+{
+    for (size_t i = 0; i < engine->n_transports; i++)
+        if (strcmp(engine->transports[i].plugin->name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
 /* An opt-in transport that is not configured says FERRY_ERR_UNSUPPORTED:
  * named in FERRY_TRANSPORTS, that is an error; found by a scan (quiet_opt_in),
  * it is skipped without a word. */
 static ferry_status_t add_transport(ferry_engine_t *engine, const char *name, int quiet_opt_in)
 {
     const ferry_plugin_t *plugin;
-    for (size_t i = 0; i < engine->n_transports; i++)
-        if (strcmp(engine->transports[i].plugin->name, name) == 0)
-            return FERRY_OK;
+    if (ferry_engine_transport_index(engine, name) >= 0)
+        return FERRY_OK;
     if (engine->n_transports == FERRY_MAX_TRANSPORTS) {
         ferry_error("more than %d transports requested", FERRY_MAX_TRANSPORTS);
         return FERRY_ERR_TOO_MANY;

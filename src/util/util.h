@@ -68,9 +68,7 @@ uint64_t ferry_handle_alloc(ferry_handle_kind_t kind, void *object, void *owner)
 void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kind, void *owner);
 void ferry_handle_free(uint64_t handle);
 
-/* ---- location.c ---- */
-/* "cxl" or "cxl:N": memory in the cxl transport's shared window. */
-int ferry_location_is_cxl(const char *location);
+/* ---- location.c: ferry_location_is_host/_cxl (plugin.h) ---- */
 
 /* ---- strings ---- */
 char *ferry_strdup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
