@@ -43,7 +43,6 @@ typedef struct options {
     int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
     int baseline;       /* --memcpy-baseline */
     const char *memory; /* --memory: ferry, heap (posix_memalign + ferry_register) or cxl */
-    int heap;           /* --memory=heap */
 } options_t;
 
 typedef struct thread_ctx {
@@ -57,8 +56,7 @@ typedef struct thread_ctx {
     double seconds;
     int failed;
     char transport[32];
-    double *samples; /* --latency: microseconds per request */
-    size_t n_samples, cap_samples;
+    ferry_bench_samples_t samples; /* --latency: microseconds per request */
 } thread_ctx_t;
 
 static volatile sig_atomic_t stop_requested;
@@ -69,13 +67,6 @@ static void on_signal(int sig)
 }
 
 #define LATENCY_GROUP 32
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The byte a target holds at offset o of its buffer (read --verify). */
 static unsigned char pattern(uint64_t offset, unsigned round)
@@ -161,7 +152,6 @@ static int parse_options(int argc, char **argv, options_t *o)
                 return -1;
             }
             o->memory = optarg;
-            o->heap = strcmp(optarg, "heap") == 0;
             break;
         case 'o':
             if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
@@ -261,7 +251,7 @@ static unsigned char *buffer_acquire(const options_t *o, ferry_engine_h engine, 
 {
     void *p = NULL;
     ferry_status_t status;
-    if (!o->heap) {
+    if (strcmp(o->memory, "heap") != 0) {
         const char *location = strcmp(o->memory, "cxl") == 0 ? "cxl" : "cpu";
         status = ferry_alloc(engine, size, location, FERRY_REG_REMOTE, &p);
     } else if (posix_memalign(&p, 4096, size) != 0) {
@@ -280,7 +270,7 @@ static unsigned char *buffer_acquire(const options_t *o, ferry_engine_h engine, 
 
 static void buffer_release(const options_t *o, ferry_engine_h engine, unsigned char *buffer)
 {
-    if (!o->heap) {
+    if (strcmp(o->memory, "heap") != 0) {
         ferry_free(engine, buffer);
     } else {
         ferry_unregister(engine, buffer);
@@ -375,7 +365,7 @@ static void *initiator_thread(void *arg)
     }
     size_t next = 0;
     unsigned round = 0;
-    double begin = now_seconds(), end = begin + o->duration;
+    double begin = ferry_bench_now(), end = begin + o->duration;
     /* Latency samples are the mean of LATENCY_GROUP consecutive requests
      * (each submitted and waited for alone): reading the clock around every
      * request would add its own cost, which on a VM is a good part of a
@@ -398,20 +388,11 @@ static void *initiator_thread(void *arg)
         if (status == FERRY_OK)
             status = ferry_batch_wait(batch, -1);
         if (o->latency && status == FERRY_OK && ++in_group == LATENCY_GROUP) {
-            double group_end = now_seconds();
+            double group_end = ferry_bench_now();
             double us = (group_end - group_start) * 1e6 / LATENCY_GROUP;
             group_start = group_end;
             in_group = 0;
-            if (ctx->n_samples == ctx->cap_samples) {
-                size_t cap = ctx->cap_samples ? ctx->cap_samples * 2 : 65536;
-                double *grown = realloc(ctx->samples, cap * sizeof(*grown));
-                if (grown != NULL) {
-                    ctx->samples = grown;
-                    ctx->cap_samples = cap;
-                }
-            }
-            if (ctx->n_samples < ctx->cap_samples)
-                ctx->samples[ctx->n_samples++] = us;
+            ferry_bench_samples_add(&ctx->samples, us);
         }
         if (status != FERRY_OK) {
             fprintf(stderr, "ferry_bench: batch failed: %s\n", ferry_status_string(status));
@@ -431,23 +412,12 @@ static void *initiator_thread(void *arg)
             break;
         }
         round++;
-    } while ((in_group != 0 || now_seconds() < end) && !stop_requested);
-    ctx->seconds = now_seconds() - begin;
+    } while ((in_group != 0 || ferry_bench_now() < end) && !stop_requested);
+    ctx->seconds = ferry_bench_now() - begin;
     ferry_batch_destroy(batch);
     free(reqs);
     free(scratch);
     return NULL;
-}
-
-static size_t ctx_samples(const thread_ctx_t *ctx)
-{
-    return ctx->samples ? ctx->n_samples : 0;
-}
-
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* What one thread's memcpy does with the same blocks, wrapping around a
@@ -461,7 +431,7 @@ static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const uns
     memset(dst, 0, o->buffer_size);
     size_t slots = o->buffer_size / o->block_size, next = 0;
     double seconds = o->duration < 1.0 ? o->duration : 1.0;
-    double begin = now_seconds(), elapsed;
+    double begin = ferry_bench_now(), elapsed;
     uint64_t bytes = 0;
     do {
         for (int i = 0; i < 64; i++, next++) {
@@ -469,7 +439,7 @@ static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const uns
             memcpy(dst + offset, src + offset, o->block_size);
             bytes += o->block_size;
         }
-        elapsed = now_seconds() - begin;
+        elapsed = ferry_bench_now() - begin;
     } while (elapsed < seconds);
     printf("memcpy baseline: %.3f GB/s, block %zu B, buffer %zu B, single thread\n",
            bytes / elapsed / 1e9, o->block_size, o->buffer_size);
@@ -537,20 +507,10 @@ static int run_initiator(const options_t *o, const char *segment_name)
     uint64_t bytes = 0, requests = 0;
     double seconds = 0;
     int failed = 0;
-    size_t n_samples = 0;
-    double *samples = NULL;
+    ferry_bench_samples_t samples = {0};
     for (unsigned t = 0; t < o->threads; t++) {
         pthread_join(tids[t], NULL);
-        double *grown = realloc(samples, (n_samples + ctx_samples(&ctxs[t]) + 1) *
-                                             sizeof(*samples));
-        if (grown != NULL && ctx_samples(&ctxs[t]) > 0) {
-            memcpy(grown + n_samples, ctxs[t].samples,
-                   ctx_samples(&ctxs[t]) * sizeof(*samples));
-            n_samples += ctx_samples(&ctxs[t]);
-        }
-        if (grown != NULL)
-            samples = grown;
-        free(ctxs[t].samples);
+        ferry_bench_samples_merge(&samples, &ctxs[t].samples);
         bytes += ctxs[t].bytes;
         requests += ctxs[t].requests;
         failed |= ctxs[t].failed;
@@ -572,16 +532,16 @@ static int run_initiator(const options_t *o, const char *segment_name)
            bytes / seconds / 1e9, requests / seconds, o->verify ? "yes" : "no",
            failed ? "failed" : "ok");
     if (o->latency) {
-        qsort(samples, n_samples, sizeof(*samples), compare_double);
-        double median = n_samples ? samples[n_samples / 2] : 0;
-        double p99 = n_samples ? samples[(size_t)((double)(n_samples - 1) * 0.99)] : 0;
+        size_t n_samples = samples.count;
+        double median, p99;
+        ferry_bench_samples_summary(&samples, &median, &p99);
         printf("latency: median %.2f us, 99th percentile %.2f us, %zu requests\n", median,
                p99, n_samples);
         printf("LATENCY operation=%s transport=%s block_size=%zu median_us=%.3f p99_us=%.3f "
                "samples=%zu\n", o->write ? "write" : "read", ctxs[0].transport[0] ?
                ctxs[0].transport : "?", o->block_size, median, p99, n_samples);
     }
-    free(samples);
+    ferry_bench_samples_free(&samples);
     fflush(stdout);
     pthread_barrier_destroy(&start);
     free(ctxs);

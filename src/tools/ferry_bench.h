@@ -4,6 +4,20 @@
 
 #include <ferry/ferry.h>
 
+/* ferry_bench_samples.c: the clock, and latency samples in microseconds. */
+typedef struct ferry_bench_samples {
+    double *values;
+    size_t count, capacity;
+} ferry_bench_samples_t;
+
+double ferry_bench_now(void); /* seconds, monotonic */
+void ferry_bench_samples_add(ferry_bench_samples_t *s, double value);
+/* Move from's samples into into (from is emptied). */
+void ferry_bench_samples_merge(ferry_bench_samples_t *into, ferry_bench_samples_t *from);
+/* Sorts the samples; 0 and 0 when there are none. */
+void ferry_bench_samples_summary(ferry_bench_samples_t *s, double *median_p, double *p99_p);
+void ferry_bench_samples_free(ferry_bench_samples_t *s);
+
 /* --pingpong, initiator side: buffer (2 x block, registered for remote
  * writes) exchanges writes with the target's buffer at remote for duration
  * seconds; prints the PINGPONG line.  0 on success. */

@@ -34,13 +34,6 @@
 #define POLL_LIMIT_S           10.0
 #define ROUND_TRIPS_PER_SAMPLE 32
 
-static double seconds_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The sequence word at the end of a block (written by the peer's transport). */
 static uint64_t seq_load(const unsigned char *block, size_t length)
 {
@@ -71,7 +64,7 @@ static int poll_seq(ferry_engine_h engine, const volatile unsigned char *block, 
         }
         ferry_engine_progress(engine);
         if ((spins & 4095) == 0) {
-            double now = seconds_now();
+            double now = ferry_bench_now();
             if (limit == 0)
                 limit = now + POLL_LIMIT_S;
             else if (now > limit)
@@ -92,12 +85,6 @@ static ferry_status_t write_and_complete(ferry_batch_h batch, unsigned char *loc
     return status == FERRY_OK ? ferry_batch_wait(batch, -1) : status;
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segment, uint64_t remote,
                                    unsigned char *buffer, size_t block, double duration)
 {
@@ -114,17 +101,16 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
     ferry_batch_h batch;
     if (ferry_batch_create(engine, 1, &batch) != FERRY_OK)
         return -1;
-    size_t cap = 1024, count = 0;
-    double *samples = malloc(cap * sizeof(*samples));
+    ferry_bench_samples_t samples = {0};
     char transport[32] = "?";
     uint64_t seq = 0, got = 0;
-    int failed = samples == NULL;
+    int failed = 0;
     if (!failed && poll_seq(engine, receive, block, PINGPONG_READY, 1, &got) != 0) {
         fprintf(stderr, "ferry_bench: pingpong: the target did not answer in %.0f s\n",
                 POLL_LIMIT_S);
         failed = 1;
     }
-    double begin = seconds_now(), group = begin, end = begin + duration;
+    double begin = ferry_bench_now(), group = begin, end = begin + duration;
     while (!failed) {
         seq_store(send, block, ++seq);
         status = write_and_complete(batch, send, segment, remote, block);
@@ -146,16 +132,9 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
             break;
         }
         if (seq % ROUND_TRIPS_PER_SAMPLE == 0) {
-            double now = seconds_now();
-            if (count == cap) {
-                double *grown = realloc(samples, 2 * cap * sizeof(*samples));
-                if (grown == NULL)
-                    break;
-                samples = grown;
-                cap *= 2;
-            }
+            double now = ferry_bench_now();
             /* half a round trip, mean of the group */
-            samples[count++] = (now - group) * 1e6 / ROUND_TRIPS_PER_SAMPLE / 2;
+            ferry_bench_samples_add(&samples, (now - group) * 1e6 / ROUND_TRIPS_PER_SAMPLE / 2);
             group = now;
             if (now >= end)
                 break;
@@ -166,10 +145,10 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
         write_and_complete(batch, send, segment, remote, block);
     }
     ferry_batch_destroy(batch);
+    size_t count = samples.count;
     if (count > 0) {
-        qsort(samples, count, sizeof(*samples), compare_double);
-        double median = samples[count / 2];
-        double p99 = samples[(size_t)((double)(count - 1) * 0.99)];
+        double median, p99;
+        ferry_bench_samples_summary(&samples, &median, &p99);
         printf("ferry_bench: pingpong, transport %s, block %zu B, %" PRIu64 " round trips\n",
                transport, block, seq);
         printf("latency (half round trip): median %.3f us, 99th percentile %.3f us\n", median, p99);
@@ -178,7 +157,7 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
             " status=%s\n",
             transport, block, median, p99, seq, failed ? "failed" : "ok");
     }
-    free(samples);
+    ferry_bench_samples_free(&samples);
     return failed || count == 0 ? -1 : 0;
 }
 
