@@ -9,6 +9,7 @@
 # Environment: RUNS (3), SECONDS_PER_RUN (2), SIZES ("64k 1m 4m"),
 #              VIA ("ucx shm tcp")
 set -eu
+. "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 bench=$build/ferry_bench
 runs=${RUNS:-3}
@@ -21,16 +22,6 @@ unset FERRY_TRANSPORTS FERRY_CXL_PATH
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-
-median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-
-batch_for() {
-    case $1 in
-    64k) echo 128 ;;
-    1m) echo 32 ;;
-    *) echo 16 ;;
-    esac
-}
 
 for i in $(seq "$runs"); do
     for memory in ferry heap; do

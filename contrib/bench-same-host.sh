@@ -10,6 +10,7 @@
 # Environment: RUNS (5), SECONDS_PER_RUN (3), SIZES ("64k 1m 4m"),
 #              CASES ("cxl:cxl shm:ferry shm:heap ucx:ferry": transport:memory)
 set -eu
+. "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 bench=$build/ferry_bench
 runs=${RUNS:-5}
@@ -25,16 +26,6 @@ window=/dev/shm/ferry-bench-window-$$
 trap 'rm -rf "$tmp" "$window"' EXIT
 truncate -s 1G "$window"
 export FERRY_CXL_PATH=$window
-
-median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-
-batch_for() {
-    case $1 in
-    64k) echo 128 ;;
-    1m) echo 32 ;;
-    *) echo 16 ;;
-    esac
-}
 
 for i in $(seq "$runs"); do
     line="run $i:"

@@ -3,6 +3,7 @@
 # in one run on this host.  Prints each run and the medians of $RUNS runs.
 # Usage: contrib/bench-tcp-vs-iperf3.sh [BUILD_DIR]   (default: the source tree)
 set -eu
+. "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 bench=$build/ferry_bench
 runs=${RUNS:-5}
@@ -10,12 +11,6 @@ seconds=${SECONDS_PER_RUN:-5}
 export FERRY_RPC_ADDRESS=127.0.0.1
 command -v iperf3 >/dev/null || { echo "iperf3 is not installed" >&2; exit 1; }
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 # iperf3 -P N: GB/s (10^9 bytes) received
 iperf_run() {

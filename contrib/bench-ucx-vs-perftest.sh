@@ -8,6 +8,7 @@
 # Environment: RUNS (5), SECONDS_PER_RUN (3), TLS_LIST ("sm,self tcp"),
 #              SIZES ("64k 1m 4m"), MEMORY (ferry_bench --memory, "ferry")
 set -eu
+. "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 bench=$build/ferry_bench
 runs=${RUNS:-5}
@@ -22,12 +23,6 @@ export FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$build/modules/.libs}
 export UCX_MM_ERROR_HANDLING=y
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest is not installed (ucx-utils)" >&2; exit 1; }
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 bytes_of() { # 64k -> 65536
     case $1 in
@@ -80,14 +75,6 @@ ferry_latency() { # tls
 ferry_pingpong() { # tls
     UCX_TLS=$1 "$bench" --spawn --transport=ucx --memory="$memory" --pingpong --block-size=8 \
         --duration="$seconds" | sed -n 's/^PINGPONG.* median_us=\([0-9.]*\).*/\1/p'
-}
-
-batch_for() {
-    case $1 in
-    64k) echo 128 ;;
-    1m) echo 32 ;;
-    *) echo 16 ;;
-    esac
 }
 
 report() { # label unit ferry_file perftest_file higher_is_better
