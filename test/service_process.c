@@ -1,6 +1,7 @@
 #include "service_process.h"
 
 #include <arpa/inet.h>
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -579,4 +580,13 @@ void service_cleanup_all(void)
         remove_tree(started[i].dir);
         started[i].dir[0] = '\0';
     }
+}
+
+void service_start_forgery_store(service_t *svc)
+{
+    const char *missing = service_missing(SERVICE_METAD);
+    if (missing != NULL)
+        cr_skip_test("%s", missing);
+    cr_assert_eq(service_start(svc, SERVICE_METAD, NULL), 0);
+    setenv("FERRY_METADATA", svc->uri, 1);
 }

@@ -37,6 +37,10 @@ const char *service_missing(service_kind_t kind);
 /* Start it; extra: NULL-terminated arguments appended to its command line.
  * 0 once it answers, -1 otherwise. */
 int service_start(service_t *svc, service_kind_t kind, const char *const *extra);
+/* ferry_metad, started for a test that serves forged descriptors from it,
+ * with FERRY_METADATA pointing at it; skips the test when ferry_metad or
+ * the http module is not built. */
+void service_start_forgery_store(service_t *svc);
 /* Kill it by PID with sig and reap it; returns its exit status (or
  * 128 + signal). */
 int service_stop(service_t *svc, int sig);

@@ -415,12 +415,8 @@ static void write_resized_twice(void *arg)
  */
 Test(cxl, forged_and_stale_keys_are_refused_and_nothing_outside_is_written)
 {
-    const char *missing = service_missing(SERVICE_METAD);
-    if (missing != NULL)
-        cr_skip_test("%s", missing);
     service_t metad;
-    cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
-    setenv("FERRY_METADATA", metad.uri, 1);
+    service_start_forgery_store(&metad);
     start(WINDOW_SIZE, "cxl,shm");
     peer_process_t peer;
     static const char *const env[] = {"FERRY_TEST_PEER_ALLOC=cxl", "FERRY_SEGMENT_NAME=honest",

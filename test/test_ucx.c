@@ -517,12 +517,8 @@ Test(ucx, bad_setting_fails_engine_creation)
  * really maps, and refuses the rest without touching memory. */
 Test(ucx, forged_descriptor_cannot_reach_past_the_attached_memory)
 {
-    const char *missing = service_missing(SERVICE_METAD);
-    if (missing != NULL)
-        cr_skip_test("%s", missing);
     service_t metad;
-    cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
-    setenv("FERRY_METADATA", metad.uri, 1);
+    service_start_forgery_store(&metad);
     start("sm,self", "ucx");
     peer_process_t peer;
     static const char *const env[] = {"FERRY_TEST_PEER_ALLOC=1", "FERRY_SEGMENT_NAME=honest",
