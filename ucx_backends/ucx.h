@@ -54,6 +54,9 @@ enum {
 /* A same-host peer is looked up in /proc before a request when it was last
  * checked this long ago (and every progress tick while requests are out). */
 #define FERRY_UCX_LIVENESS_MS 20
+/* Copies into attached memory up to this many bytes per submit run under
+ * the endpoint's lock (no outstanding count, no clock): latency-bound ones. */
+#define FERRY_UCX_LOCKED_COPY_MAX (16u * 1024u)
 
 typedef enum ferry_ucx_progress_mode {
     FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */

@@ -299,14 +299,14 @@ typedef struct direct_copy {
 } direct_copy_t;
 
 typedef struct direct_copies {
-    size_t count, capacity;
+    size_t count, capacity, bytes;
     direct_copy_t *items;
     direct_copy_t inline_items[64];
 } direct_copies_t;
 
 static void direct_copies_init(direct_copies_t *c)
 {
-    c->count = 0;
+    c->count = c->bytes = 0;
     c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_items);
     c->items = c->inline_items;
 }
@@ -324,9 +324,13 @@ static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice
         c->capacity *= 2;
     }
     c->items[c->count++] = (direct_copy_t){slice, remote};
+    c->bytes += slice->length;
     return FERRY_OK;
 }
 
+/* No fence after the copies: ferry_copy_to_peer ends its non-temporal
+ * stores with one, and plain stores are ordered before the completion by
+ * the release that publishes it (slice_done's countdown). */
 static void direct_copies_run(direct_copies_t *c)
 {
     for (size_t i = 0; i < c->count; i++) {
@@ -336,10 +340,6 @@ static void direct_copies_run(direct_copies_t *c)
         else
             memcpy(s->local, c->items[i].remote, s->length);
     }
-    /* The copies (non-temporal stores for large ones, fenced by
-     * ferry_copy_to_peer) are in the target's memory before anyone hears
-     * that they completed. */
-    atomic_thread_fence(memory_order_seq_cst);
 }
 
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
@@ -446,7 +446,13 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_ep_unref(ep);
         return result != FERRY_OK ? result : ferry_ucx_status(status);
     }
-    if (copies.count > 0) /* keeps the rkeys (attachments) from a flush meanwhile */
+    /* Small copies run under the lock, which keeps the rkeys (attachments)
+     * they use from a flush; large ones after it, so that threads writing
+     * to one peer copy in parallel, counted as outstanding instead. */
+    int copied = copies.count > 0 && copies.bytes <= FERRY_UCX_LOCKED_COPY_MAX;
+    if (copied)
+        direct_copies_run(&copies);
+    else if (copies.count > 0)
         atomic_fetch_add(&ep->outstanding, 1);
     if (posted > 0) {
         if (rest != NULL) {
@@ -473,10 +479,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         }
     }
     if (copies.count > 0) {
-        /* Outside the lock, so threads writing to one peer copy in parallel. */
-        direct_copies_run(&copies);
-        atomic_store(&ep->last_activity_ms, ferry_ucx_time_ms());
-        atomic_fetch_sub(&ep->outstanding, 1);
+        if (!copied) {
+            direct_copies_run(&copies);
+            /* A group's deadline counts from the first request after an
+             * idle spell: ours kept the count up, so restart the clock. */
+            atomic_store_explicit(&ep->last_activity_ms, ferry_ucx_time_ms(),
+                                  memory_order_relaxed);
+            atomic_fetch_sub(&ep->outstanding, 1);
+        }
         direct_copies_finish(&copies, &ucx->svc);
     }
     direct_copies_release(&copies);

@@ -23,6 +23,7 @@ typedef struct request_state {
     size_t length;
     ferry_segment_t *segment;
     ferry_descriptor_t *desc;           /* held while the request lives */
+    uint64_t desc_version;              /* the segment's, with desc (0: none) */
     const ferry_desc_buffer_t *buffer;  /* inside desc */
     int transport;                      /* engine transport index, -1: local copy */
     int wanted;                         /* the request's own transport, -1: none */
@@ -50,6 +51,11 @@ struct ferry_batch {
     atomic_int notify_attached;
     void *notify_msg;
     size_t notify_length;
+    /* During a submit (submit_lock): the previous round's last descriptor,
+     * kept for the first request if its segment still shows it. */
+    ferry_segment_t *kept_segment; /* compared, never dereferenced */
+    ferry_descriptor_t *kept_desc;
+    uint64_t kept_version;
     struct ferry_batch *next;   /* engine->batches_lock */
 };
 
@@ -75,9 +81,12 @@ static void request_finish(request_state_t *req)
         ferry_registry_release(&batch->engine->registry, req->local_entry);
         req->local_entry = NULL;
     }
-    atomic_store(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED);
+    /* Plain (release) stores, no locked instruction: the countdown of
+     * pending below publishes them to whoever sees it reach 0. */
+    atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
+                          memory_order_release);
     if (error)
-        atomic_store(&batch->any_failed, 1); /* before pending: a waiter sees both */
+        atomic_store_explicit(&batch->any_failed, 1, memory_order_release);
     if (atomic_fetch_sub(&batch->pending, 1) == 1)
         batch_wake(batch);
 }
@@ -255,7 +264,8 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
         return status;
     ferry_descriptor_unref(req->desc);
     req->desc = NULL;
-    status = ferry_segment_descriptor(engine, req->segment, &req->desc);
+    status = ferry_segment_descriptor_versioned(engine, req->segment, &req->desc,
+                                                &req->desc_version);
     return status == FERRY_OK ? resolve_in(engine, req) : status;
 }
 
@@ -305,12 +315,22 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
         return FERRY_ERR_UNSUPPORTED;
     }
     /* One submit sees one descriptor per segment: a run of requests to one
-     * segment shares the first one's (no segment lock per request). */
+     * segment shares the first one's (no segment lock per request), and the
+     * first one takes the previous round's if the segment still shows it
+     * (no lock, no reference counting: a ping-pong's every write). */
     ferry_status_t status = FERRY_OK;
-    if (prev != NULL && prev->segment == req->segment && prev->desc != NULL)
+    if (prev != NULL && prev->segment == req->segment && prev->desc != NULL) {
         req->desc = ferry_descriptor_ref(prev->desc);
-    else
-        status = ferry_segment_descriptor(engine, req->segment, &req->desc);
+        req->desc_version = prev->desc_version;
+    } else if (prev == NULL && batch->kept_desc != NULL && batch->kept_segment == req->segment &&
+               ferry_segment_still_current(req->segment, batch->kept_version)) {
+        req->desc = batch->kept_desc;
+        req->desc_version = batch->kept_version;
+        batch->kept_desc = NULL;
+    } else {
+        status = ferry_segment_descriptor_versioned(engine, req->segment, &req->desc,
+                                                    &req->desc_version);
+    }
     if (status != FERRY_OK)
         return status;
     status = resolve_in(engine, req);
@@ -384,7 +404,7 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         slice->owner = req;
         slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
     }
-    atomic_store(&req->slices_left, count);
+    atomic_store_explicit(&req->slices_left, count, memory_order_release);
     return FERRY_OK;
 }
 
@@ -418,7 +438,7 @@ static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
 /* FERRY_OK when the request went out (or finished), else why it FAILED. */
 static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
 {
-    atomic_store(&req->state, FERRY_XFER_PENDING);
+    atomic_store_explicit(&req->state, FERRY_XFER_PENDING, memory_order_release);
     if (req->transport < 0) {
         launch_local(engine, req);
         return FERRY_OK;
@@ -465,7 +485,7 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
 static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        atomic_store(&reqs[i].state, FERRY_XFER_PENDING);
+        atomic_store_explicit(&reqs[i].state, FERRY_XFER_PENDING, memory_order_release);
     if (submit_run(engine, reqs, n) == FERRY_OK)
         return; /* the slices are the transport's now: reqs may finish any time */
     for (size_t i = 0; i < n; i++) {
@@ -552,6 +572,13 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     pthread_mutex_lock(&batch->submit_lock);
     if (atomic_load(&batch->pending) == 0) {
         /* Everything earlier finished: the batch starts over. */
+        if (batch->used > 0 && batch->requests[batch->used - 1].desc_version != 0) {
+            request_state_t *last = &batch->requests[batch->used - 1];
+            batch->kept_segment = last->segment;
+            batch->kept_desc = last->desc;
+            batch->kept_version = last->desc_version;
+            last->desc = NULL;
+        }
         for (size_t i = 0; i < batch->used; i++)
             request_release(engine, &batch->requests[i]);
         batch->used = 0;
@@ -577,6 +604,10 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     batch->used += count;
     launch_all(engine, reqs, count);
 out_unlock:
+    if (batch->kept_desc != NULL) { /* not taken */
+        ferry_descriptor_unref(batch->kept_desc);
+        batch->kept_desc = NULL;
+    }
     pthread_mutex_unlock(&batch->submit_lock);
     return status;
 }

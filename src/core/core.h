@@ -146,6 +146,10 @@ typedef struct ferry_segment {
     int fetching;
     ferry_status_t fetch_status;
     int stale;               /* invalidated by its owner: refresh before use */
+    /* Changes (under lock) with desc and stale, from a process-wide count,
+     * so a (segment, version) pair names one descriptor for good; 0 for our
+     * own segment, whose descriptor is not cached here. */
+    atomic_uint_fast64_t version;
     struct ferry_segment *next; /* cache lock */
 } ferry_segment_t;
 
@@ -162,6 +166,15 @@ void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment)
 /* The current descriptor (referenced), refreshing first if it was invalidated. */
 ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
                                         ferry_descriptor_t **desc_p);
+/* The same, with the segment's version for ferry_segment_still_current. */
+ferry_status_t ferry_segment_descriptor_versioned(ferry_engine_t *engine,
+                                                  ferry_segment_t *segment,
+                                                  ferry_descriptor_t **desc_p,
+                                                  uint64_t *version_p);
+/* Whether the descriptor that came with version is still the segment's
+ * current one (not replaced, not invalidated), without the lock: a caller
+ * that holds a reference on it may use it again instead of asking anew. */
+int ferry_segment_still_current(const ferry_segment_t *segment, uint64_t version);
 /* Fetch again; if seen != NULL only when the cached one is still `seen`
  * (so racing threads refresh once). */
 ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *segment,

@@ -16,6 +16,16 @@ void ferry_segment_cache_init(ferry_segment_cache_t *cache)
     cache->list = NULL;
 }
 
+/* A new version for the segment (caller holds its lock): taken from one
+ * process-wide count, so no segment ever shows a version another one (or
+ * an earlier state of itself) had. */
+static void segment_changed(ferry_segment_t *segment)
+{
+    static atomic_uint_fast64_t versions;
+    atomic_store_explicit(&segment->version, atomic_fetch_add(&versions, 1) + 1,
+                          memory_order_release);
+}
+
 static void segment_free(ferry_segment_t *segment)
 {
     if (segment->handle)
@@ -116,6 +126,7 @@ ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name
 
     pthread_mutex_lock(&segment->lock);
     segment->desc = desc;
+    segment_changed(segment);
     segment->fetch_status = status;
     segment->fetching = 0;
     pthread_cond_broadcast(&segment->changed);
@@ -177,6 +188,7 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         old = segment->desc;
         segment->desc = desc;
         segment->stale = 0;
+        segment_changed(segment);
     }
     segment->fetch_status = status;
     segment->fetching = 0;
@@ -194,9 +206,12 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
     return status;
 }
 
-ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
-                                        ferry_descriptor_t **desc_p)
+ferry_status_t ferry_segment_descriptor_versioned(ferry_engine_t *engine,
+                                                  ferry_segment_t *segment,
+                                                  ferry_descriptor_t **desc_p,
+                                                  uint64_t *version_p)
 {
+    *version_p = 0;
     if (segment->is_local) {
         /* Our own segment: always the newest local descriptor, no fetch. */
         *desc_p = local_descriptor(engine);
@@ -205,6 +220,7 @@ ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t 
     pthread_mutex_lock(&segment->lock);
     if (!segment->stale) { /* the common case: one lock per request */
         *desc_p = ferry_descriptor_ref(segment->desc);
+        *version_p = atomic_load_explicit(&segment->version, memory_order_relaxed);
         pthread_mutex_unlock(&segment->lock);
         return FERRY_OK;
     }
@@ -215,8 +231,23 @@ ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t 
         return status;
     pthread_mutex_lock(&segment->lock);
     *desc_p = ferry_descriptor_ref(segment->desc);
+    /* Stale again already: no version, so nobody reuses it unchecked. */
+    if (!segment->stale)
+        *version_p = atomic_load_explicit(&segment->version, memory_order_relaxed);
     pthread_mutex_unlock(&segment->lock);
     return FERRY_OK;
+}
+
+ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
+                                        ferry_descriptor_t **desc_p)
+{
+    uint64_t version;
+    return ferry_segment_descriptor_versioned(engine, segment, desc_p, &version);
+}
+
+int ferry_segment_still_current(const ferry_segment_t *segment, uint64_t version)
+{
+    return version != 0 && atomic_load_explicit(&segment->version, memory_order_acquire) == version;
 }
 
 ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name)
@@ -268,6 +299,7 @@ void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
         /* p2p segments may be opened by address, so match the descriptor's name. */
         if ((s->desc && strcmp(s->desc->name, name) == 0) || strcmp(s->name, name) == 0) {
             s->stale = 1;
+            segment_changed(s);
             ferry_debug("segment \"%s\" invalidated by its owner (generation 0x%016llx)",
                         s->name, (unsigned long long)generation);
             if (s->desc && s->desc->generation == generation && n_changed < 16)

@@ -217,8 +217,8 @@ static int parse_options(int argc, char **argv, options_t *o)
     }
     if (o->buffer_size < o->block_size)
         o->buffer_size = o->block_size;
-    if (o->pingpong && o->buffer_size < 2 * o->block_size)
-        o->buffer_size = 2 * o->block_size; /* a receive and a send block */
+    if (o->pingpong && o->buffer_size < ferry_bench_pingpong_size(o->block_size))
+        o->buffer_size = ferry_bench_pingpong_size(o->block_size); /* receive and send blocks */
     if (!o->spawn && !strcmp(o->mode, "initiator") && o->segment == NULL) {
         fprintf(stderr, "ferry_bench: the initiator needs --segment=NAME (or use --spawn)\n");
         return -1;

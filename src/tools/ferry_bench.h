@@ -18,8 +18,15 @@ void ferry_bench_samples_merge(ferry_bench_samples_t *into, ferry_bench_samples_
 void ferry_bench_samples_summary(ferry_bench_samples_t *s, double *median_p, double *p99_p);
 void ferry_bench_samples_free(ferry_bench_samples_t *s);
 
-/* --pingpong, initiator side: buffer (2 x block, registered for remote
- * writes) exchanges writes with the target's buffer at remote for duration
+/* --pingpong: where the send block starts in a side's buffer, past the
+ * receive block at 0 and in other cache lines (the peer writes the receive
+ * block while this side writes its send block: sharing a line would make
+ * every round trip pay for moving it back and forth); the buffer holds
+ * ferry_bench_pingpong_size(block) bytes. */
+size_t ferry_bench_pingpong_stride(size_t block);
+size_t ferry_bench_pingpong_size(size_t block);
+/* Initiator side: buffer (ferry_bench_pingpong_size(block), registered for
+ * remote writes) exchanges writes with the target's buffer at remote for duration
  * seconds; prints the PINGPONG line.  0 on success. */
 int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segment,
                                    uint64_t remote, unsigned char *buffer, size_t block,
