@@ -66,6 +66,34 @@ Test(transfer, unregistered_local_buffer_works)
     cr_assert_str_eq(peer_cmd(&peer, "check 1 %zu 9", sizeof(buf)), "OK");
 }
 
+/* A batch remembers the local registration its last request used, to skip
+ * the lookup next time; unregistering must make it forget (ASan in CI sees
+ * any use of the freed entry), and a new registration in the same place is
+ * found afresh. */
+Test(transfer, batch_reused_after_its_local_buffer_is_unregistered)
+{
+    size_t length = 4096;
+    unsigned char *buf = malloc(2 * length);
+    cr_assert_not_null(buf);
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    for (unsigned round = 0; round < 4; round++) {
+        int registered = round % 2 == 0;
+        if (registered) /* the second time a different length: a new entry */
+            cr_assert_eq(ferry_register(engine, buf, length + round, "cpu", 0), FERRY_OK);
+        test_pattern_fill(buf, length, 40 + round);
+        ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = buf, .target = segment,
+                               .target_offset = peer.arena + 8192, .length = length};
+        cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK, "round %u", round);
+        cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK, "round %u", round);
+        cr_assert_str_eq(peer_cmd(&peer, "check 8192 %zu %u", length, 40 + round), "OK");
+        if (registered)
+            cr_assert_eq(ferry_unregister(engine, buf), FERRY_OK);
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    free(buf);
+}
+
 struct worker {
     int index;
     ferry_status_t status;

@@ -56,6 +56,10 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
+    /* The local registry entry of the last request resolved, unreferenced:
+     * unregistering clears it (ferry_batch_forget_entry) before the entry
+     * can go, so while it is set it points at a live entry. */
+    ferry_reg_entry_t *kept_entry;
     struct ferry_batch *next;   /* engine->batches_lock */
 };
 
@@ -269,13 +273,14 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
     return status == FERRY_OK ? resolve_in(engine, req) : status;
 }
 
-/* The local buffer's registry entry: the previous request's when it holds
- * this range too (its reference keeps the entry alive, so a second one needs
- * no lookup and no lock), else a lookup. */
+/* The local buffer's registry entry: the previous request's (its reference
+ * keeps the entry alive) or the batch's last one (see kept_entry) when it
+ * holds this range too, so a ping-pong's every write needs no lookup and no
+ * lock; else a lookup. */
 static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
                                       const request_state_t *prev)
 {
-    ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
+    ferry_reg_entry_t *entry = prev ? prev->local_entry : req->batch->kept_entry;
     uintptr_t addr = (uintptr_t)req->local;
     if (entry != NULL && addr >= entry->addr && req->length <= entry->length &&
         addr - entry->addr <= entry->length - req->length && !atomic_load(&entry->dying)) {
@@ -290,12 +295,18 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
 {
     ferry_engine_t *engine = batch->engine;
-    ferry_slice_t *slices = req->slices;
-    size_t slices_cap = req->slices_cap;
-    memset(req, 0, sizeof(*req));
-    req->slices = slices;
-    req->slices_cap = slices_cap;
+    /* Field by field (the rest are set below before use), not a memset: a
+     * rep stos of the whole state costs more than a small request's resolve
+     * otherwise does.  slices and slices_cap stay: they are the slot's. */
     req->batch = batch;
+    atomic_init(&req->slices_left, 0);
+    atomic_init(&req->error, 0);
+    atomic_init(&req->state, FERRY_XFER_WAITING);
+    req->desc = NULL;
+    req->desc_version = 0;
+    req->buffer = NULL;
+    req->transport = req->desc_transport = 0;
+    req->local_entry = NULL;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
         in->length == 0 || in->target_offset + in->length < in->target_offset) {
         ferry_error("request: bad opcode, NULL local buffer, zero length or wrap-around");
@@ -339,8 +350,8 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     if (status == FERRY_ERR_OUT_OF_RANGE)
         ferry_error("segment \"%s\" has no buffer holding [0x%llx, +%zu)", req->segment->name,
                     (unsigned long long)req->remote_addr, req->length);
-    if (status == FERRY_OK)
-        req->local_entry = local_entry(engine, req, prev);
+    if (status == FERRY_OK && (req->local_entry = local_entry(engine, req, prev)) != NULL)
+        batch->kept_entry = req->local_entry;
     return status;
 }
 
@@ -582,7 +593,8 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         for (size_t i = 0; i < batch->used; i++)
             request_release(engine, &batch->requests[i]);
         batch->used = 0;
-        atomic_store(&batch->any_failed, 0);
+        if (atomic_load_explicit(&batch->any_failed, memory_order_relaxed)) /* no xchg each time */
+            atomic_store_explicit(&batch->any_failed, 0, memory_order_relaxed);
     }
     ferry_status_t status = FERRY_OK;
     if (count > batch->max - batch->used) {
@@ -790,6 +802,18 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
     pthread_mutex_unlock(&engine->batches_lock);
     batch_free(batch);
     return FERRY_OK;
+}
+
+void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *entry)
+{
+    pthread_mutex_lock(&engine->batches_lock);
+    for (ferry_batch_t *batch = engine->batches; batch != NULL; batch = batch->next) {
+        pthread_mutex_lock(&batch->submit_lock);
+        if (batch->kept_entry == entry)
+            batch->kept_entry = NULL;
+        pthread_mutex_unlock(&batch->submit_lock);
+    }
+    pthread_mutex_unlock(&engine->batches_lock);
 }
 
 void ferry_batch_free_all(ferry_engine_t *engine)

@@ -307,6 +307,8 @@ void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *
 void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
 void ferry_batch_free_all(ferry_engine_t *engine);
+/* An unregistered entry is going: no batch may keep pointing at it. */
+void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *entry);
 
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);

@@ -107,6 +107,7 @@ static void unregister_one(ferry_engine_t *engine, ferry_reg_entry_t *entry)
     if (--entry->refs > 0)
         return;
     ferry_registry_remove(&engine->registry, entry);
+    ferry_batch_forget_entry(engine, entry);
     ferry_registry_drain(&engine->registry, entry);
     transports_deregister(engine, entry);
     ferry_reg_entry_free(entry);
