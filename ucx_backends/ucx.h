@@ -270,6 +270,12 @@ void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
                                 ferry_ucx_ep_t **ep_p);
 void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep);
+/* The last endpoint looked up, if it is the peer's, ready, checked for
+ * liveness lately and its lock free: returned with ep->lock held and no
+ * reference (the final unref closes it under that lock, so it lives until
+ * the caller unlocks; the caller must not touch it after).  NULL: use
+ * ferry_ucx_ep_get. */
+ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *peer);
 /* Mark failed (first status wins) and have the worker's thread close it. */
 void ferry_ucx_ep_fail(ferry_ucx_ep_t *ep, ferry_status_t why, const char *what);
 /* Close the ucp endpoint now, cancelling what is in flight. */

@@ -439,6 +439,24 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     return FERRY_OK;
 }
 
+ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *peer)
+{
+    if (peer == NULL || peer->endpoint == NULL)
+        return NULL;
+    pthread_mutex_lock(&ucx->lock);
+    /* In the memo means in the table, whose reference keeps it alive while
+     * we hold the table's lock. */
+    ferry_ucx_ep_t *ep = ucx->memo_ep;
+    if (ep == NULL || ucx->memo_endpoint != peer->endpoint ||
+        ep->generation != peer->generation || ep->state != FERRY_UCX_EP_READY ||
+        (ep->pid > 0 && ferry_ucx_since(atomic_load(&ep->checked_ms), ferry_ucx_time_ms()) >=
+                            FERRY_UCX_LIVENESS_MS) ||
+        pthread_mutex_trylock(&ep->lock) != 0)
+        ep = NULL;
+    pthread_mutex_unlock(&ucx->lock);
+    return ep;
+}
+
 ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
                                 ferry_ucx_ep_t **ep_p)
 {

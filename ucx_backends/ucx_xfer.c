@@ -361,20 +361,32 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_t *ucx = ctx;
     if (slices == NULL)
         return FERRY_ERR_INVALID_PARAM;
+    size_t bytes = 0;
     for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
         if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
             (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
             return FERRY_ERR_INVALID_PARAM;
+        bytes += s->length;
     }
-    ferry_ucx_ep_t *ep;
-    ferry_status_t result = ferry_ucx_ep_get(ucx, peer, &ep);
-    if (result != FERRY_OK)
-        return result;
-
-    pthread_mutex_lock(&ep->lock);
+    /* A small submit to the peer of the last one (a ping-pong's every
+     * write) takes no reference on the endpoint: its lock, taken while the
+     * table's still keeps it alive, does (nothing below touches ep after
+     * unlocking it then: any copy runs under the lock, a group holds its
+     * own reference). */
+    ferry_ucx_ep_t *ep = bytes <= FERRY_UCX_LOCKED_COPY_MAX ? ferry_ucx_ep_lock_recent(ucx, peer)
+                                                             : NULL;
+    int ref = ep == NULL;
+    ferry_status_t result = FERRY_OK;
+    if (ref) {
+        if ((result = ferry_ucx_ep_get(ucx, peer, &ep)) != FERRY_OK)
+            return result;
+        pthread_mutex_lock(&ep->lock);
+    }
+    ferry_ucx_worker_t *worker = ep->worker;
     if (ep->closed || atomic_load(&ep->failed) != 0) {
         pthread_mutex_unlock(&ep->lock);
-        ferry_ucx_ep_unref(ep);
+        if (ref)
+            ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
     }
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
@@ -440,10 +452,11 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     if (posted == 0 && copies.count == 0) {
         /* Nothing went out: no slice is queued, the engine may retry. */
         pthread_mutex_unlock(&ep->lock);
-        if (group != NULL)
+        if (group != NULL) /* its own reference keeps ep alive through this */
             group_abandon(group);
         direct_copies_release(&copies);
-        ferry_ucx_ep_unref(ep);
+        if (ref)
+            ferry_ucx_ep_unref(ep);
         return result != FERRY_OK ? result : ferry_ucx_status(status);
     }
     /* Small copies run under the lock, which keeps the rkeys (attachments)
@@ -467,7 +480,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_group_post_flush(group);
         pthread_mutex_unlock(&ep->lock);
         if (atomic_load(&group->pending) > 1)
-            kick_progress(ep->worker);
+            kick_progress(worker);
         ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
     } else {
         pthread_mutex_unlock(&ep->lock);
@@ -494,6 +507,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
                             result != FERRY_OK   ? result
                             : status != UCS_OK   ? ferry_ucx_status(status)
                                                  : FERRY_ERR_INVALID_PARAM);
-    ferry_ucx_ep_unref(ep);
+    if (ref)
+        ferry_ucx_ep_unref(ep);
     return FERRY_OK;
 }
