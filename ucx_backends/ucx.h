@@ -57,6 +57,9 @@ enum {
 /* Copies into attached memory up to this many bytes per submit run under
  * the endpoint's lock (no outstanding count, no clock): latency-bound ones. */
 #define FERRY_UCX_LOCKED_COPY_MAX (16u * 1024u)
+/* A caller's ferry_ucx_progress polls a worker with nothing in flight and
+ * only shared-memory endpoints every this many calls (see there). */
+#define FERRY_UCX_IDLE_POLL_EVERY 8u
 
 typedef enum ferry_ucx_progress_mode {
     FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */
@@ -188,6 +191,7 @@ struct ferry_ucx_worker {
     atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
     atomic_uint_fast64_t caller_polls;     /* bumped by every caller's progress call */
     atomic_uint busy;                      /* groups in flight: sweep deadlines */
+    atomic_uint net_eps;                   /* listed endpoints whose messages go by network */
     atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
     atomic_int close_pending;              /* close_queue or flush_queue is not empty */
     atomic_int sleeping;                   /* the thread waits on efd */

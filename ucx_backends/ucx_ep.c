@@ -102,6 +102,8 @@ static int worker_list_remove(ferry_ucx_ep_t *ep)
             }
         }
         ep->on_worker_list = 0;
+        if (!ep->am_on_shm)
+            atomic_fetch_sub(&w->net_eps, 1);
     }
     pthread_mutex_unlock(&w->lock);
     return was_on;
@@ -434,6 +436,8 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     ep->worker_next = ep->worker->eps;
     ep->worker->eps = ep;
     ep->on_worker_list = 1;
+    if (!am_on_shm)
+        atomic_fetch_add(&ep->worker->net_eps, 1);
     pthread_mutex_unlock(&ep->worker->lock);
     ferry_ucx_send_hello(ep);
     return FERRY_OK;
