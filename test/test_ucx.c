@@ -198,10 +198,11 @@ static void *kill_later(void *arg)
     return NULL;
 }
 
-/* Batches of 64 large writes to a victim, hurt while they run: they FAIL with
+/* Batches of 64 writes to a victim, hurt while they run: they FAIL with
  * FERRY_ERR_PEER_FAILED within the bound, and another peer still works.
- * allocated: the peers' memory comes from ferry_alloc. */
-static void check_failure_within_bound(const char *tls, int sig, int allocated)
+ * allocated: the peers' memory comes from ferry_alloc; length: of each
+ * write, 0 for large ones (small ones over tcp go eager, ucx_eager.c). */
+static void check_failure_within_bound(const char *tls, int sig, int allocated, size_t length)
 {
     if (strcmp(tls, "tcp") == 0)
         setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
@@ -223,7 +224,8 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated)
     enum { N = 64 };
     ferry_batch_h batch;
     ferry_request_t reqs[N];
-    size_t length = allocated ? 16 * MIB : 64 * MIB;
+    if (length == 0)
+        length = allocated ? 16 * MIB : 64 * MIB;
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     for (int i = 0; i < N; i++)
         reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
@@ -283,22 +285,33 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated)
  * serves such buffers only as a last resort; ucx_backends/README.md.) */
 Test(ucx, killed_peer_fails_in_flight_requests_over_shared_memory)
 {
-    check_failure_within_bound("sm,self", SIGKILL, 1);
+    check_failure_within_bound("sm,self", SIGKILL, 1, 0);
 }
 
 Test(ucx, killed_peer_fails_in_flight_requests_over_tcp)
 {
-    check_failure_within_bound("tcp", SIGKILL, 0);
+    check_failure_within_bound("tcp", SIGKILL, 0, 0);
+}
+
+Test(ucx, killed_peer_fails_in_flight_eager_writes_over_tcp)
+{
+    check_failure_within_bound("tcp", SIGKILL, 0, 512);
+}
+
+/* No acknowledgement ever comes: the deadline fails them. */
+Test(ucx, frozen_peer_fails_in_flight_eager_writes_within_timeout)
+{
+    check_failure_within_bound("tcp", SIGSTOP, 0, 512);
 }
 
 Test(ucx, frozen_peer_fails_in_flight_requests_within_timeout)
 {
-    check_failure_within_bound("tcp", SIGSTOP, 0);
+    check_failure_within_bound("tcp", SIGSTOP, 0, 0);
 }
 
 Test(ucx, frozen_peer_with_ferry_alloc_memory_fails_within_timeout)
 {
-    check_failure_within_bound("tcp", SIGSTOP, 1);
+    check_failure_within_bound("tcp", SIGSTOP, 1, 0);
 }
 
 /* After the target unregisters a buffer, the next request to it is refused
@@ -512,6 +525,73 @@ Test(ucx, bad_setting_fails_engine_creation)
     engine = NULL;
 }
 
+/* Put into the store a copy of segment "honest"'s descriptor named
+ * "forged" whose buffer of honest_length bytes claims 1 GiB instead. */
+static void publish_forged(const service_t *metad, size_t honest_length)
+{
+    static char json[1 << 16];
+    size_t length;
+    cr_assert_eq(http_call(metad->port, "GET", "/metadata?key=ferry%2Fsegments%2Fhonest", NULL,
+                           NULL, 0, json, sizeof(json), &length),
+                 200);
+    char buffer_length[32];
+    static char forged[1 << 17];
+    snprintf(buffer_length, sizeof(buffer_length), "\"length\":\"%zu\"", honest_length);
+    char *name = strstr(json, "\"name\":\"honest\"");
+    char *buffer = strstr(json, buffer_length);
+    cr_assert(name != NULL && buffer != NULL, "unexpected descriptor %s", json);
+    *name = '\0';
+    *buffer = '\0';
+    int n = snprintf(forged, sizeof(forged), "%s\"name\":\"forged\"%.*s\"length\":\"1073741824\"%s",
+                     json, (int)(buffer - name - strlen("\"name\":\"honest\"")),
+                     name + strlen("\"name\":\"honest\""), buffer + strlen(buffer_length));
+    cr_assert(n > 0 && (size_t)n < sizeof(forged));
+    cr_assert_eq(http_call(metad->port, "PUT", "/metadata?key=ferry%2Fsegments%2Fforged", NULL,
+                           forged, strlen(forged), NULL, 0, NULL),
+                 200);
+}
+
+static const char *const honest_env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+
+/* Over tcp small writes go eager: the target itself checks the range
+ * against its registrations, so a forged descriptor's claim gets
+ * FERRY_ERR_OUT_OF_RANGE from it, with nothing written. */
+Test(ucx, forged_descriptor_cannot_make_an_eager_write_reach_past_a_registration)
+{
+    service_t metad;
+    service_start_forgery_store(&metad);
+    setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    start("tcp", "ucx");
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, honest_env), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 21", MIB, MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, MIB));
+    publish_forged(&metad, MIB);
+
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, "forged", &segment), FERRY_OK);
+    for (size_t length = 1; length <= 1024; length *= 4) {
+        test_pattern_fill(local, length, (unsigned)length);
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + 64, length, "ucx"),
+                     FERRY_OK, "%zu bytes inside the registration", length);
+        cr_assert_str_eq(peer_cmd(&peer, "check 64 %zu %zu", length, length), "OK");
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB + 4096, length,
+                              NULL),
+                     FERRY_ERR_OUT_OF_RANGE, "%zu bytes past the registration", length);
+        size_t across = length < 2 ? 2 : length;
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 1, across, NULL),
+                     FERRY_ERR_OUT_OF_RANGE, "%zu bytes across its end", across);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, MIB), before,
+                     "memory outside the registration changed");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    stop(); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
+}
+
 /* A descriptor that claims more than the peer's ferry_alloc buffer (put in
  * the metadata store by someone else): ucx copies only inside what the key
  * really maps, and refuses the rest without touching memory. */
@@ -524,28 +604,7 @@ Test(ucx, forged_descriptor_cannot_reach_past_the_attached_memory)
     static const char *const env[] = {"FERRY_TEST_PEER_ALLOC=1", "FERRY_SEGMENT_NAME=honest",
                                       NULL};
     cr_assert_eq(peer_start(&peer, env), 0);
-
-    static char json[1 << 16];
-    size_t length;
-    cr_assert_eq(http_call(metad.port, "GET", "/metadata?key=ferry%2Fsegments%2Fhonest", NULL,
-                           NULL, 0, json, sizeof(json), &length),
-                 200);
-    char arena_length[32];
-    static char forged[1 << 17];
-    snprintf(arena_length, sizeof(arena_length), "\"length\":\"%zu\"", peer.arena_size);
-    char *name = strstr(json, "\"name\":\"honest\"");
-    char *buffer = strstr(json, arena_length);
-    cr_assert(name != NULL && buffer != NULL, "unexpected descriptor %s", json);
-    /* the same descriptor, named "forged", its buffer 1 GiB long */
-    *name = '\0';
-    *buffer = '\0';
-    int n = snprintf(forged, sizeof(forged), "%s\"name\":\"forged\"%.*s\"length\":\"1073741824\"%s",
-                     json, (int)(buffer - name - strlen("\"name\":\"honest\"")),
-                     name + strlen("\"name\":\"honest\""), buffer + strlen(arena_length));
-    cr_assert(n > 0 && (size_t)n < sizeof(forged));
-    cr_assert_eq(http_call(metad.port, "PUT", "/metadata?key=ferry%2Fsegments%2Fforged", NULL,
-                           forged, strlen(forged), NULL, 0, NULL),
-                 200);
+    publish_forged(&metad, peer.arena_size);
 
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, "forged", &segment), FERRY_OK);

@@ -48,6 +48,8 @@
 enum {
     FERRY_UCX_AM_NOTIFY = 0x4652, /* header: sender's segment name; data: the message */
     FERRY_UCX_AM_HELLO = 0x4653,  /* header: the initiator's RPC host:port */
+    FERRY_UCX_AM_WRITE = 0x4657,  /* header: address and id; data: the bytes (ucx_eager.c) */
+    FERRY_UCX_AM_WRITE_ACK = 0x4658, /* header: id and the target's status */
 };
 #define FERRY_UCX_NAME_MAX 255
 #define FERRY_UCX_ENDPOINT_PREFIX "ucx1:"
@@ -82,11 +84,13 @@ typedef struct ferry_ucx_settings {
     char *same_host_shm;
     unsigned rkey_cache;
     int same_host_emulated;
+    size_t eager_write;
 } ferry_ucx_settings_t;
 
 typedef struct ferry_ucx ferry_ucx_t;
 typedef struct ferry_ucx_worker ferry_ucx_worker_t;
 typedef struct ferry_ucx_ep ferry_ucx_ep_t;
+typedef struct ferry_ucx_eager ferry_ucx_eager_t;
 
 /* One cached unpacked rkey; ep->lock. */
 typedef struct ferry_ucx_rkey {
@@ -122,6 +126,7 @@ struct ferry_ucx_ep {
     char lanes[256];            /* "sysv/memory(am) cma/memory(rma_bw)" */
     int same_host;
     int am_on_shm;              /* active messages (and emulated RMA) use a shared-memory FIFO */
+    int rma_emulated;           /* no lane does RMA: small writes go eager (ucx_eager.c) */
     long pid;                   /* the peer process if it runs on our kernel and pid
                                    namespace, else 0 (from the endpoint string) */
     unsigned long long start_time;
@@ -200,6 +205,8 @@ struct ferry_ucx_worker {
     ferry_ucx_ep_t *eps;
     ferry_ucx_ep_t *close_queue;
     ferry_ucx_ep_t *flush_queue; /* endpoints whose waiting groups need a flush */
+    ferry_ucx_eager_t *eager;    /* eager writes waiting for their acknowledgement */
+    uint64_t eager_ids;          /* the last eager write's id */
 };
 
 struct ferry_ucx {
@@ -268,6 +275,20 @@ void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remote_addr, size_t
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 
+/* ---- ucx_eager.c ---- */
+/* Does this slice go as an eager write (settings.eager_write, ep->rma_emulated)? */
+int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice);
+/* Send the slice as an eager write of the group; caller holds ep->lock.
+ * header_storage (16 bytes) must live until the group finishes. */
+ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t *slice,
+                                  void *header_storage);
+#define FERRY_UCX_EAGER_HEADER_SIZE 16u
+/* The endpoint closed: its eager writes still waiting fail. */
+void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep);
+ferry_status_t ferry_ucx_eager_register(ferry_ucx_worker_t *w);
+/* The worker is gone: free what is left in its table. */
+void ferry_ucx_eager_fini(ferry_ucx_worker_t *w);
+
 /* ---- ucx_ep.c ---- */
 /* A referenced endpoint for the peer, created if needed.  FERRY_ERR_PEER_FAILED
  * (once) for a failed one, FERRY_ERR_UNSUPPORTED for an unreachable one. */
@@ -310,6 +331,12 @@ void ferry_ucx_group_unref_op(ferry_ucx_group_t *group, ucs_status_t status);
 
 /* ---- ucx_am.c ---- */
 ferry_status_t ferry_ucx_am_register(ferry_ucx_worker_t *worker);
+/* Send an eager active message of just a (malloc-ed) header, freed once
+ * sent or failed. */
+void ferry_ucx_am_send_header(ucp_ep_h ep, unsigned id, void *header, size_t header_length);
+/* Deliver active messages with that id to cb (arg: the worker), whole. */
+ferry_status_t ferry_ucx_am_handler_set(ferry_ucx_worker_t *w, unsigned id,
+                                        ucp_am_recv_callback_t cb);
 ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char *from,
                                 const void *msg, size_t length);
 /* Tell the peer our RPC endpoint, so it invalidates our cache on unregister. */

@@ -56,35 +56,54 @@ static ucs_status_t hello_received(void *arg, const void *header, size_t header_
     return UCS_OK;
 }
 
-ferry_status_t ferry_ucx_am_register(ferry_ucx_worker_t *w)
+ferry_status_t ferry_ucx_am_handler_set(ferry_ucx_worker_t *w, unsigned id,
+                                        ucp_am_recv_callback_t cb)
 {
-    const struct {
-        unsigned id;
-        ucp_am_recv_callback_t cb;
-    } handlers[] = {{FERRY_UCX_AM_NOTIFY, notify_received}, {FERRY_UCX_AM_HELLO, hello_received}};
-    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(handlers); i++) {
-        ucp_am_handler_param_t param = {
-            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                          UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-            .id = handlers[i].id,
-            .cb = handlers[i].cb,
-            .arg = w,
-            .flags = UCP_AM_FLAG_WHOLE_MSG,
-        };
-        ucs_status_t status = ucp_worker_set_am_recv_handler(w->worker, &param);
-        if (status != UCS_OK) {
-            ferry_error("ucx: cannot register active message handler %u: %s", handlers[i].id,
-                        ucs_status_string(status));
-            return FERRY_ERR_NO_RESOURCE;
-        }
+    ucp_am_handler_param_t param = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = id,
+        .cb = cb,
+        .arg = w,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+    };
+    ucs_status_t status = ucp_worker_set_am_recv_handler(w->worker, &param);
+    if (status != UCS_OK) {
+        ferry_error("ucx: cannot register active message handler %u: %s", id,
+                    ucs_status_string(status));
+        return FERRY_ERR_NO_RESOURCE;
     }
     return FERRY_OK;
 }
 
-static void hello_done(void *request, ucs_status_t status, void *user_data)
+ferry_status_t ferry_ucx_am_register(ferry_ucx_worker_t *w)
+{
+    ferry_status_t status = ferry_ucx_am_handler_set(w, FERRY_UCX_AM_NOTIFY, notify_received);
+    if (status == FERRY_OK)
+        status = ferry_ucx_am_handler_set(w, FERRY_UCX_AM_HELLO, hello_received);
+    if (status == FERRY_OK)
+        status = ferry_ucx_eager_register(w);
+    return status;
+}
+
+static void sent_free_header(void *request, ucs_status_t status, void *user_data)
 {
     ucp_request_free(request);
     free(user_data);
+}
+
+void ferry_ucx_am_send_header(ucp_ep_h ep, unsigned id, void *header, size_t header_length)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = sent_free_header,
+        .user_data = header,
+    };
+    ucs_status_ptr_t request = ucp_am_send_nbx(ep, id, header, header_length, NULL, 0, &param);
+    if (!UCS_PTR_IS_PTR(request))
+        free(header); /* sent already, or failed */
 }
 
 void ferry_ucx_send_hello(ferry_ucx_ep_t *ep)
@@ -95,21 +114,12 @@ void ferry_ucx_send_hello(ferry_ucx_ep_t *ep)
     char *header = strdup(rpc);
     if (header == NULL)
         return;
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
-        .cb.send = hello_done,
-        .user_data = header,
-    };
-    ucs_status_ptr_t request = NULL;
     pthread_mutex_lock(&ep->lock);
     if (!ep->closed)
-        request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_HELLO, header, strlen(header), NULL, 0,
-                                  &param);
+        ferry_ucx_am_send_header(ep->ep, FERRY_UCX_AM_HELLO, header, strlen(header));
+    else
+        free(header);
     pthread_mutex_unlock(&ep->lock);
-    if (!UCS_PTR_IS_PTR(request))
-        free(header); /* sent already, failed, or never sent */
 }
 
 ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char *from,

@@ -399,6 +399,7 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx)
                 ucp_worker_progress(w->worker);
             ucp_worker_destroy(w->worker);
         }
+        ferry_ucx_eager_fini(w);
         pthread_mutex_destroy(&w->lock);
     }
     free(ucx->workers);

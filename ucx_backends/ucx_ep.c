@@ -157,6 +157,7 @@ void ferry_ucx_ep_close(ferry_ucx_ep_t *ep)
     if (!UCS_PTR_IS_PTR(request))
         atomic_fetch_sub(&w->closing, 1);
     ucp_worker_signal(w->worker); /* its thread progresses the close */
+    ferry_ucx_eager_fail_ep(ep);
     if (worker_list_remove(ep))
         ferry_ucx_ep_unref(ep); /* the list's; our caller holds another */
 }
@@ -416,6 +417,8 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
         return status == UCS_ERR_UNREACHABLE ? FERRY_ERR_UNSUPPORTED : ferry_ucx_status(status);
     }
     int am_on_shm = ep->am_on_shm = describe_lanes(ep);
+    /* "cma/memory(rma_bw)", "rc_mlx5/mlx5_0:1(rma,amo)": some lane does RMA */
+    ep->rma_emulated = strstr(ep->lanes, "rma") == NULL;
     if (ep->same_host && !am_on_shm && ucx->shm_policy != FERRY_UCX_SHM_IGNORE) {
         if (ucx->shm_policy == FERRY_UCX_SHM_REQUIRE) {
             ferry_warn("ucx: endpoint to same-host peer %s uses no shared memory (lanes: %s); "

@@ -42,6 +42,10 @@ const ferry_setting_t ferry_ucx_settings_table[] = {
             "buffers through UCX's RMA emulation over shared memory even when another transport "
             "reaches them (n: ucx serves them only as a last resort)", same_host_emulated,
             FERRY_SETTING_BOOL),
+    SETTING("EAGER_WRITE", "1k", "writes up to this size to a peer none of whose lanes does RMA "
+            "(tcp) go as one active message the target copies and acknowledges: two messages "
+            "instead of the four of UCX's emulated put and flush (0: always ucp_put_nbx)",
+            eager_write, FERRY_SETTING_SIZE),
 };
 const size_t ferry_ucx_settings_count = FERRY_UCX_ARRAY_SIZE(ferry_ucx_settings_table);
 
@@ -106,6 +110,10 @@ ferry_status_t ferry_ucx_status(ucs_status_t status)
     case UCS_ERR_NO_RESOURCE:
     case UCS_ERR_EXCEEDS_LIMIT:
         return FERRY_ERR_NO_RESOURCE;
+    case UCS_ERR_OUT_OF_RANGE: /* an eager write's target refused the range */
+        return FERRY_ERR_OUT_OF_RANGE;
+    case UCS_ERR_REJECTED:     /* ... or refused it for another reason */
+        return FERRY_ERR_REMOTE_REFUSED;
     default: /* connection reset, endpoint timeout, I/O error, ... */
         return FERRY_ERR_PEER_FAILED;
     }

@@ -89,6 +89,7 @@ static void group_abandon(ferry_ucx_group_t *group)
     atomic_fetch_sub(&ep->outstanding, 1);
     atomic_fetch_sub(&ep->worker->busy, 1);
     ferry_ucx_ep_unref(ep);
+    free(group->payload);
     free(group);
 }
 
@@ -361,8 +362,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_t *ucx = ctx;
     if (slices == NULL)
         return FERRY_ERR_INVALID_PARAM;
-    size_t bytes = 0;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
+    size_t bytes = 0, count = 0;
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next, count++) {
         if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
             (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
             return FERRY_ERR_INVALID_PARAM;
@@ -408,7 +409,9 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     const char *key = NULL;
     ferry_ucx_rkey_t *entry = NULL;
     ucs_status_t status = UCS_OK;
-    int posted = 0;
+    int posted = 0, puts = 0;
+    unsigned char *eager_headers = NULL; /* the group's payload */
+    size_t eager_used = 0;
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
@@ -439,7 +442,20 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             rest = s;
             break;
         }
-        status = post_slice(group, s, entry->rkey);
+        if (ferry_ucx_eager_fits(ep, s)) {
+            if (eager_headers == NULL &&
+                (group->payload = eager_headers = malloc(count * FERRY_UCX_EAGER_HEADER_SIZE)) ==
+                    NULL) {
+                result = FERRY_ERR_NO_MEMORY;
+                rest = s;
+                break;
+            }
+            status = ferry_ucx_eager_post(group, s,
+                                          eager_headers + FERRY_UCX_EAGER_HEADER_SIZE * eager_used++);
+        } else {
+            status = post_slice(group, s, entry->rkey);
+            puts++;
+        }
         *posts_tail = s; /* failed to post: it fails with the group */
         posts_tail = &s->next;
         if (status != UCS_OK) {
@@ -477,7 +493,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
                                            (int)UCS_ERR_INVALID_PARAM);
         }
         group->slices = posts;
-        ferry_ucx_group_post_flush(group);
+        if (puts > 0) /* eager writes complete by their acknowledgement, no flush */
+            ferry_ucx_group_post_flush(group);
         pthread_mutex_unlock(&ep->lock);
         if (atomic_load(&group->pending) > 1)
             kick_progress(worker);

@@ -1,0 +1,221 @@
+/*
+ * ucx eager writes: a small WRITE to a peer whose lanes only emulate RMA
+ * (tcp here) goes as one active message that the target copies into place
+ * and answers with an acknowledgement: two messages on the wire.  UCX's own
+ * emulation of a completed put takes four (the put, its completion, and
+ * the put-request/ack pair of the flush behind it), each a system call on
+ * both sides.  FERRY_UCX_EAGER_WRITE bounds the size; lanes with real RMA
+ * (shared memory, CMA, verbs) keep ucp_put_nbx.
+ *
+ * Initiator: every eager write counts twice in its group: once for UCX's
+ * send completion (ferry_ucx_op_done) and once for the acknowledgement,
+ * found by its id in the worker's table.  Whoever takes the entry out of
+ * the table finishes that count: the acknowledgement, or the endpoint's
+ * close (which fails what is still waiting).  An acknowledgement with an
+ * id we do not know (late, duplicated, forged) is dropped.
+ *
+ * Target: the range must lie inside a live, remote-writable registration
+ * (access_acquire), else nothing is written and the acknowledgement says
+ * why.
+ */
+#include "ucx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct eager_write_header {
+    uint64_t addr;
+    uint64_t id;
+} eager_write_header_t;
+
+typedef struct eager_ack_header {
+    uint64_t id;
+    int32_t status; /* ferry_status_t of the target's copy */
+    int32_t pad;
+} eager_ack_header_t;
+
+struct ferry_ucx_eager {
+    uint64_t id;
+    ferry_ucx_ep_t *ep;
+    ferry_ucx_group_t *group;
+    struct ferry_ucx_eager *next; /* worker->lock */
+};
+
+/* The target's refusal, carried as a UCX status through the group. */
+static ucs_status_t refusal_status(int32_t status)
+{
+    switch (status) {
+    case FERRY_OK:
+        return UCS_OK;
+    case FERRY_ERR_OUT_OF_RANGE:
+        return UCS_ERR_OUT_OF_RANGE;
+    default:
+        return UCS_ERR_REJECTED;
+    }
+}
+
+/* Take the entry with that id out of the worker's table (NULL: none). */
+static ferry_ucx_eager_t *eager_take(ferry_ucx_worker_t *w, uint64_t id)
+{
+    pthread_mutex_lock(&w->lock);
+    ferry_ucx_eager_t **pp = &w->eager;
+    while (*pp != NULL && (*pp)->id != id)
+        pp = &(*pp)->next;
+    ferry_ucx_eager_t *entry = *pp;
+    if (entry != NULL)
+        *pp = entry->next;
+    pthread_mutex_unlock(&w->lock);
+    return entry;
+}
+
+int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice)
+{
+    return ep->rma_emulated && slice->opcode == FERRY_OP_WRITE &&
+           slice->length <= ep->ucx->settings.eager_write;
+}
+
+ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t *slice,
+                                  void *header_storage)
+{
+    ferry_ucx_ep_t *ep = group->ep;
+    ferry_ucx_worker_t *w = ep->worker;
+    ferry_ucx_eager_t *entry = malloc(sizeof(*entry));
+    if (entry == NULL)
+        return UCS_ERR_NO_MEMORY;
+    eager_write_header_t *header = header_storage;
+    pthread_mutex_lock(&w->lock);
+    *entry = (ferry_ucx_eager_t){.id = ++w->eager_ids, .ep = ep, .group = group,
+                                 .next = w->eager};
+    w->eager = entry;
+    pthread_mutex_unlock(&w->lock);
+    *header = (eager_write_header_t){.addr = slice->remote_addr, .id = entry->id};
+    uint64_t id = entry->id; /* the entry may be gone once the message is out */
+    atomic_fetch_add(&group->pending, 2); /* the send, the acknowledgement */
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+        .cb.send = ferry_ucx_op_done,
+        .user_data = group,
+    };
+    ucs_status_ptr_t request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_WRITE, header,
+                                               sizeof(*header), slice->local, slice->length,
+                                               &param);
+    if (UCS_PTR_IS_PTR(request))
+        return UCS_OK;
+    ucs_status_t status = UCS_PTR_STATUS(request);
+    ferry_ucx_group_unref_op(group, status); /* the send's count */
+    if (status != UCS_OK && (entry = eager_take(w, id)) != NULL) {
+        free(entry); /* no acknowledgement will come */
+        ferry_ucx_group_unref_op(group, status);
+    }
+    return status;
+}
+
+void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep)
+{
+    ferry_ucx_worker_t *w = ep->worker;
+    ferry_ucx_eager_t *failed = NULL;
+    pthread_mutex_lock(&w->lock);
+    for (ferry_ucx_eager_t **pp = &w->eager; *pp != NULL;) {
+        ferry_ucx_eager_t *entry = *pp;
+        if (entry->ep == ep) {
+            *pp = entry->next;
+            entry->next = failed;
+            failed = entry;
+        } else {
+            pp = &entry->next;
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    for (ferry_ucx_eager_t *entry = failed, *next; entry != NULL; entry = next) {
+        next = entry->next;
+        ferry_ucx_group_unref_op(entry->group, UCS_ERR_CANCELED);
+        free(entry);
+    }
+}
+
+static ucs_status_t ack_received(void *arg, const void *header, size_t header_length,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ferry_ucx_worker_t *w = arg;
+    eager_ack_header_t ack;
+    if (header_length != sizeof(ack)) {
+        ferry_warn("ucx: dropped a write acknowledgement with a %zu-byte header", header_length);
+        return UCS_OK;
+    }
+    memcpy(&ack, header, sizeof(ack));
+    ferry_ucx_eager_t *entry = eager_take(w, ack.id);
+    if (entry == NULL) {
+        ferry_debug("ucx: acknowledgement of unknown write %llu dropped",
+                    (unsigned long long)ack.id);
+        return UCS_OK;
+    }
+    atomic_store_explicit(&entry->ep->last_activity_ms, ferry_ucx_time_ms(),
+                          memory_order_relaxed);
+    ferry_ucx_group_unref_op(entry->group, refusal_status(ack.status));
+    free(entry);
+    return UCS_OK;
+}
+
+static void send_ack(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status)
+{
+    eager_ack_header_t *ack = malloc(sizeof(*ack));
+    if (ack == NULL) {
+        ferry_warn("ucx: no memory to acknowledge write %llu", (unsigned long long)id);
+        return;
+    }
+    *ack = (eager_ack_header_t){.id = id, .status = (int32_t)status};
+    /* A lost one: the initiator's deadline fails the write. */
+    ferry_ucx_am_send_header(reply_ep, FERRY_UCX_AM_WRITE_ACK, ack, sizeof(*ack));
+}
+
+static ucs_status_t write_received(void *arg, const void *header, size_t header_length,
+                                   void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ferry_ucx_worker_t *w = arg;
+    const ferry_transport_services_t *svc = &w->ucx->svc;
+    eager_write_header_t hdr;
+    if (header_length != sizeof(hdr) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        ferry_warn("ucx: dropped a malformed eager write (%zu-byte header)", header_length);
+        return UCS_OK;
+    }
+    memcpy(&hdr, header, sizeof(hdr));
+    ferry_status_t status = FERRY_ERR_INVALID_PARAM;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* We send eager only; a rendezvous one is not received here. */
+        ferry_warn("ucx: refused a rendezvous eager write of %zu bytes", length);
+    } else {
+        void *token;
+        status = svc->access_acquire(svc->engine, hdr.addr, length, FERRY_ACCESS_WRITE, &token);
+        if (status == FERRY_OK) { /* else access_acquire said why */
+            memcpy((void *)(uintptr_t)hdr.addr, data, length);
+            svc->access_release(svc->engine, token);
+        }
+    }
+    send_ack(param->reply_ep, hdr.id, status);
+    return UCS_OK;
+}
+
+ferry_status_t ferry_ucx_eager_register(ferry_ucx_worker_t *w)
+{
+    const struct {
+        unsigned id;
+        ucp_am_recv_callback_t cb;
+    } handlers[] = {{FERRY_UCX_AM_WRITE, write_received}, {FERRY_UCX_AM_WRITE_ACK, ack_received}};
+    for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]); i++) {
+        ferry_status_t status = ferry_ucx_am_handler_set(w, handlers[i].id, handlers[i].cb);
+        if (status != FERRY_OK)
+            return status;
+    }
+    return FERRY_OK;
+}
+
+void ferry_ucx_eager_fini(ferry_ucx_worker_t *w)
+{
+    for (ferry_ucx_eager_t *entry = w->eager, *next; entry != NULL; entry = next) {
+        next = entry->next;
+        free(entry);
+    }
+    w->eager = NULL;
+}
