@@ -2,9 +2,9 @@
  * ucx eager writes: a small WRITE to a peer whose lanes only emulate RMA
  * (tcp here) goes as one active message that the target copies into place
  * and answers with an acknowledgement: two messages on the wire.  UCX's own
- * emulation of a completed put takes four (the put, its completion, and
- * the put-request/ack pair of the flush behind it), each a system call on
- * both sides.  FERRY_UCX_EAGER_WRITE bounds the size; lanes with real RMA
+ * emulation of a completed put (put and flush) takes four on UCX 1.13 (the
+ * put, its completion and a second request/acknowledgement pair on the tcp
+ * lane), each a system call.  FERRY_UCX_EAGER_WRITE bounds the size; lanes with real RMA
  * (shared memory, CMA, verbs) keep ucp_put_nbx.
  *
  * Initiator: every eager write counts twice in its group: once for UCX's
