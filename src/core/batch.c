@@ -113,98 +113,6 @@ void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
         request_finish(req);
 }
 
-int ferry_engine_same_host(const ferry_engine_t *engine, const ferry_descriptor_t *desc)
-{
-    return strcmp(desc->host_id, engine->host_id) == 0;
-}
-
-void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
-                            int desc_transport, ferry_peer_t *peer)
-{
-    peer->name = desc->name;
-    peer->generation = desc->generation;
-    peer->endpoint = desc_transport >= 0 ? desc->transports[desc_transport].endpoint : "";
-    peer->rpc = desc->rpc;
-    peer->same_host = ferry_engine_same_host(engine, desc);
-}
-
-/* Tell every transport the peer has an endpoint for: forget it (changed 0)
- * or just its per-buffer state (changed 1). */
-static void peer_tell(ferry_engine_t *engine, const ferry_descriptor_t *desc, int changed)
-{
-    for (size_t i = 0; i < engine->n_transports; i++) {
-        ferry_transport_instance_t *tp = &engine->transports[i];
-        int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
-        if (j < 0 || (changed ? !FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_changed)
-                              : tp->ops->peer_forget == NULL))
-            continue;
-        ferry_peer_t peer;
-        ferry_engine_make_peer(engine, desc, j, &peer);
-        if (changed)
-            tp->ops->peer_changed(tp->ctx, &peer);
-        else
-            tp->ops->peer_forget(tp->ctx, &peer);
-    }
-}
-
-void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *desc)
-{
-    peer_tell(engine, desc, 0);
-}
-
-void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc)
-{
-    peer_tell(engine, desc, 1);
-}
-
-/* Whether engine transport i reaches the buffer: why not (a static text)
- * or NULL and *reach_p, *desc_transport_p set. */
-static const char *transport_reach(ferry_engine_t *engine, size_t i,
-                                   const ferry_descriptor_t *desc,
-                                   const ferry_desc_buffer_t *buffer, int *reach_p,
-                                   int *desc_transport_p)
-{
-    ferry_transport_instance_t *tp = &engine->transports[i];
-    if ((tp->plugin->flags & FERRY_TRANSPORT_SAME_HOST_ONLY) &&
-        !ferry_engine_same_host(engine, desc))
-        return "it reaches peers on this host only";
-    int j = ferry_descriptor_transport_index(desc, tp->plugin->name);
-    if (j < 0)
-        return "the peer did not enable it";
-    if (buffer->keys[j] == NULL)
-        return "the peer's buffer is not registered with it";
-    ferry_peer_t peer;
-    ferry_engine_make_peer(engine, desc, j, &peer);
-    *reach_p = tp->ops->reaches != NULL ? tp->ops->reaches(tp->ctx, &peer, buffer->keys[j])
-                                        : FERRY_REACH_YES;
-    *desc_transport_p = j;
-    return *reach_p == FERRY_REACH_NO ? "it does not reach the peer's buffer" : NULL;
-}
-
-/* First transport, in the engine's order of preference, that both sides
- * enabled and that reaches the buffer; one that reaches it only as a
- * fallback serves when no other does.  Returns the engine index or -1. */
-static int select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
-                            const ferry_desc_buffer_t *buffer, int *desc_transport_p)
-{
-    int fallback = -1, fallback_j = -1;
-    for (size_t i = 0; i < engine->n_transports; i++) {
-        int reach, j;
-        if (transport_reach(engine, i, desc, buffer, &reach, &j) != NULL)
-            continue;
-        if (reach == FERRY_REACH_FALLBACK && fallback < 0) {
-            fallback = (int)i;
-            fallback_j = j;
-        }
-        if (reach != FERRY_REACH_YES)
-            continue;
-        *desc_transport_p = j;
-        return (int)i;
-    }
-    *desc_transport_p = fallback_j;
-    return fallback;
-}
-
 /* Find the target buffer and a transport in desc; FERRY_ERR_OUT_OF_RANGE if
  * the range is not there, so the caller can refresh once. */
 static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
@@ -230,7 +138,7 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
         /* The request named its transport: that one or none (a fallback
          * reach counts, the caller asked for it). */
         int reach;
-        const char *why = transport_reach(engine, (size_t)req->wanted, desc, req->buffer,
+        const char *why = ferry_engine_transport_reach(engine, (size_t)req->wanted, desc, req->buffer,
                                           &reach, &req->desc_transport);
         if (why != NULL) {
             ferry_error("segment \"%s\" buffer 0x%llx: the request asks for transport %s, "
@@ -248,7 +156,7 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
         req->desc_transport = (known >> 16) - 1;
         return FERRY_OK;
     }
-    req->transport = select_transport(engine, desc, req->buffer, &req->desc_transport);
+    req->transport = ferry_engine_select_transport(engine, desc, req->buffer, &req->desc_transport);
     if (req->transport >= 0)
         atomic_store_explicit(route, (req->transport + 1) | (req->desc_transport + 1) << 16,
                               memory_order_relaxed);

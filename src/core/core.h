@@ -298,6 +298,17 @@ ferry_status_t ferry_engine_rpc_handle(void *engine, int type, const void *paylo
 
 /* Whether desc's owner runs on this engine's host (host identities equal). */
 int ferry_engine_same_host(const ferry_engine_t *engine, const ferry_descriptor_t *desc);
+/* Whether engine transport i reaches the buffer: why not (a static text)
+ * or NULL and *reach_p, *desc_transport_p set. */
+const char *ferry_engine_transport_reach(ferry_engine_t *engine, size_t i,
+                                         const ferry_descriptor_t *desc,
+                                         const ferry_desc_buffer_t *buffer, int *reach_p,
+                                         int *desc_transport_p);
+/* First transport, in the engine's order of preference, that both sides
+ * enabled and that reaches the buffer; one that reaches it only as a
+ * fallback serves when no other does.  Returns the engine index or -1. */
+int ferry_engine_select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
+                                  const ferry_desc_buffer_t *buffer, int *desc_transport_p);
 /* The peer as a transport sees it, from desc and its transport index. */
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             int desc_transport, ferry_peer_t *peer);
