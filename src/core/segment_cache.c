@@ -173,6 +173,9 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         return status;
     }
     segment->fetching = 1;
+    /* An invalidation while we fetch (it bumps the version) may describe a
+     * change our fetch read too early to see: then the result stays stale. */
+    uint64_t version_before = atomic_load_explicit(&segment->version, memory_order_relaxed);
     pthread_mutex_unlock(&segment->lock);
 
     ferry_descriptor_t *desc = NULL;
@@ -187,7 +190,8 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
     if (status == FERRY_OK) {
         old = segment->desc;
         segment->desc = desc;
-        segment->stale = 0;
+        segment->stale =
+            atomic_load_explicit(&segment->version, memory_order_relaxed) != version_before;
         segment_changed(segment);
     }
     segment->fetch_status = status;
