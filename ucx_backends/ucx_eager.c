@@ -28,6 +28,9 @@ typedef struct eager_write_header {
     uint64_t id;
 } eager_write_header_t;
 
+_Static_assert(sizeof(eager_write_header_t) == FERRY_UCX_EAGER_HEADER_SIZE,
+               "ucx.h's FERRY_UCX_EAGER_HEADER_SIZE is the eager write header's size");
+
 typedef struct eager_ack_header {
     uint64_t id;
     int32_t status; /* ferry_status_t of the target's copy */

@@ -446,6 +446,13 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     return FERRY_OK;
 }
 
+/* A same-host peer not looked up in /proc for FERRY_UCX_LIVENESS_MS. */
+static int liveness_due(ferry_ucx_ep_t *ep, uint64_t now)
+{
+    return ep->pid > 0 &&
+           ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS;
+}
+
 ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *peer)
 {
     if (peer == NULL || peer->endpoint == NULL)
@@ -456,9 +463,7 @@ ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *p
     ferry_ucx_ep_t *ep = ucx->memo_ep;
     if (ep == NULL || ucx->memo_endpoint != peer->endpoint ||
         ep->generation != peer->generation || ep->state != FERRY_UCX_EP_READY ||
-        (ep->pid > 0 && ferry_ucx_since(atomic_load(&ep->checked_ms), ferry_ucx_time_ms()) >=
-                            FERRY_UCX_LIVENESS_MS) ||
-        pthread_mutex_trylock(&ep->lock) != 0)
+        liveness_due(ep, ferry_ucx_time_ms()) || pthread_mutex_trylock(&ep->lock) != 0)
         ep = NULL;
     pthread_mutex_unlock(&ucx->lock);
     return ep;
@@ -473,8 +478,7 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
     ferry_ucx_ep_t **slot;
     ferry_ucx_ep_t *ep = table_find(ucx, peer, &slot);
     uint64_t now = ferry_ucx_time_ms();
-    if (ep != NULL && ep->state == FERRY_UCX_EP_READY && ep->pid > 0 &&
-        ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS) {
+    if (ep != NULL && ep->state == FERRY_UCX_EP_READY && liveness_due(ep, now)) {
         /* The peer may have died since we last looked: a request into a dead
          * process's FIFO would only fail at the deadline, and a write into
          * its attached memory would even "succeed". */
