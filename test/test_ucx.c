@@ -120,6 +120,15 @@ Test(ucx, put_get_over_tcp_1B_to_64MiB)
     put_get(0);
 }
 
+/* Writes as UCX's emulated puts instead of eager writes. */
+Test(ucx, put_get_over_tcp_with_emulated_puts)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    setenv("FERRY_UCX_EAGER_WRITE", "0", 1);
+    start("tcp", "ucx");
+    put_get(0);
+}
+
 Test(ucx, put_get_into_ferry_alloc_memory_over_tcp)
 {
     setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
@@ -198,14 +207,18 @@ static void *kill_later(void *arg)
     return NULL;
 }
 
-/* Batches of 64 writes to a victim, hurt while they run: they FAIL with
- * FERRY_ERR_PEER_FAILED within the bound, and another peer still works.
- * allocated: the peers' memory comes from ferry_alloc; length: of each
- * write, 0 for large ones (small ones over tcp go eager, ucx_eager.c). */
-static void check_failure_within_bound(const char *tls, int sig, int allocated, size_t length)
+/* Batches of 64 large writes to a victim, hurt while they run: they FAIL
+ * with FERRY_ERR_PEER_FAILED within the bound, and another peer still
+ * works.  allocated: the peers' memory comes from ferry_alloc; eager_write:
+ * FERRY_UCX_EAGER_WRITE, NULL for the default (over tcp every slice goes as
+ * an eager write, ucx_eager.c; "0": UCX's emulated puts). */
+static void check_failure_within_bound(const char *tls, int sig, int allocated,
+                                       const char *eager_write)
 {
     if (strcmp(tls, "tcp") == 0)
         setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    if (eager_write != NULL)
+        setenv("FERRY_UCX_EAGER_WRITE", eager_write, 1);
     start(tls, "ucx");
     peer_process_t victim, bystander;
     ferry_segment_h victim_seg, bystander_seg;
@@ -224,8 +237,7 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated, 
     enum { N = 64 };
     ferry_batch_h batch;
     ferry_request_t reqs[N];
-    if (length == 0)
-        length = allocated ? 16 * MIB : 64 * MIB;
+    size_t length = allocated ? 16 * MIB : 64 * MIB;
     cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
     for (int i = 0; i < N; i++)
         reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
@@ -285,33 +297,33 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated, 
  * serves such buffers only as a last resort; ucx_backends/README.md.) */
 Test(ucx, killed_peer_fails_in_flight_requests_over_shared_memory)
 {
-    check_failure_within_bound("sm,self", SIGKILL, 1, 0);
-}
-
-Test(ucx, killed_peer_fails_in_flight_requests_over_tcp)
-{
-    check_failure_within_bound("tcp", SIGKILL, 0, 0);
+    check_failure_within_bound("sm,self", SIGKILL, 1, NULL);
 }
 
 Test(ucx, killed_peer_fails_in_flight_eager_writes_over_tcp)
 {
-    check_failure_within_bound("tcp", SIGKILL, 0, 512);
+    check_failure_within_bound("tcp", SIGKILL, 0, NULL);
+}
+
+Test(ucx, killed_peer_fails_in_flight_emulated_puts_over_tcp)
+{
+    check_failure_within_bound("tcp", SIGKILL, 0, "0");
 }
 
 /* No acknowledgement ever comes: the deadline fails them. */
 Test(ucx, frozen_peer_fails_in_flight_eager_writes_within_timeout)
 {
-    check_failure_within_bound("tcp", SIGSTOP, 0, 512);
+    check_failure_within_bound("tcp", SIGSTOP, 0, NULL);
 }
 
-Test(ucx, frozen_peer_fails_in_flight_requests_within_timeout)
+Test(ucx, frozen_peer_fails_in_flight_emulated_puts_within_timeout)
 {
-    check_failure_within_bound("tcp", SIGSTOP, 0, 0);
+    check_failure_within_bound("tcp", SIGSTOP, 0, "0");
 }
 
 Test(ucx, frozen_peer_with_ferry_alloc_memory_fails_within_timeout)
 {
-    check_failure_within_bound("tcp", SIGSTOP, 1, 0);
+    check_failure_within_bound("tcp", SIGSTOP, 1, NULL);
 }
 
 /* After the target unregisters a buffer, the next request to it is refused
@@ -553,8 +565,8 @@ static void publish_forged(const service_t *metad, size_t honest_length)
 
 static const char *const honest_env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
 
-/* Over tcp small writes go eager: the target itself checks the range
- * against its registrations, so a forged descriptor's claim gets
+/* Over tcp writes go eager: the target itself checks the range against
+ * its registrations, so a forged descriptor's claim gets
  * FERRY_ERR_OUT_OF_RANGE from it, with nothing written. */
 Test(ucx, forged_descriptor_cannot_make_an_eager_write_reach_past_a_registration)
 {
@@ -572,7 +584,7 @@ Test(ucx, forged_descriptor_cannot_make_an_eager_write_reach_past_a_registration
 
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, "forged", &segment), FERRY_OK);
-    for (size_t length = 1; length <= 1024; length *= 4) {
+    for (size_t length = 1; length <= 256 * 1024; length *= 8) {
         test_pattern_fill(local, length, (unsigned)length);
         cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + 64, length, "ucx"),
                      FERRY_OK, "%zu bytes inside the registration", length);

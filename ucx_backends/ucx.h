@@ -205,7 +205,8 @@ struct ferry_ucx_worker {
     ferry_ucx_ep_t *eps;
     ferry_ucx_ep_t *close_queue;
     ferry_ucx_ep_t *flush_queue; /* endpoints whose waiting groups need a flush */
-    ferry_ucx_eager_t *eager;    /* eager writes waiting for their acknowledgement */
+    ferry_ucx_eager_t *eager;    /* eager writes waiting for their acknowledgement, oldest first */
+    ferry_ucx_eager_t **eager_tail; /* where the next one goes (&eager when empty) */
     uint64_t eager_ids;          /* the last eager write's id */
 };
 

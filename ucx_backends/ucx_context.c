@@ -179,18 +179,18 @@ unsigned ferry_ucx_progress(void *ctx)
      * A message meanwhile waits a few calls.  With network endpoints every
      * call polls: there progress is what receives the write (skipping
      * measured 9.9 -> 10.6 us over tcp). */
-    static _Thread_local unsigned idle_calls;
-    int idle_turn = (++idle_calls % FERRY_UCX_IDLE_POLL_EVERY) == 0;
     for (unsigned i = 0; i < ucx->n_workers; i++) {
         ferry_ucx_worker_t *w = &ucx->workers[i];
         /* The worker's thread sees the count move and sleeps while we
          * poll: one poller per worker, no lock contention, no core taken
          * from the peer's pollers.  (A lost update between two callers
-         * still moves it; no clock read here.) */
-        atomic_store_explicit(&w->caller_polls,
-                              atomic_load_explicit(&w->caller_polls, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-        if (idle_turn || atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
+         * still moves it; no clock read here.)  The count also picks the
+         * idle turns: no thread-local counter, whose every access in a
+         * loaded module is a call to __tls_get_addr. */
+        uint64_t polls = atomic_load_explicit(&w->caller_polls, memory_order_relaxed) + 1;
+        atomic_store_explicit(&w->caller_polls, polls, memory_order_relaxed);
+        if (polls % FERRY_UCX_IDLE_POLL_EVERY == 0 ||
+            atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
             atomic_load_explicit(&w->net_eps, memory_order_relaxed) > 0)
             events += ucp_worker_progress(w->worker);
     }
@@ -344,6 +344,7 @@ ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx)
         w->index = i;
         w->efd = -1;
         pthread_mutex_init(&w->lock, NULL);
+        w->eager_tail = &w->eager;
         ucx->n_workers++;
         char *address = NULL;
         status = worker_create(ucx, w, &address);

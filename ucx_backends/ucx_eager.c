@@ -1,11 +1,14 @@
 /*
- * ucx eager writes: a small WRITE to a peer whose lanes only emulate RMA
- * (tcp here) goes as one active message that the target copies into place
- * and answers with an acknowledgement: two messages on the wire.  UCX's own
- * emulation of a completed put (put and flush) takes four on UCX 1.13 (the
- * put, its completion and a second request/acknowledgement pair on the tcp
- * lane), each a system call.  FERRY_UCX_EAGER_WRITE bounds the size; lanes with real RMA
- * (shared memory, CMA, verbs) keep ucp_put_nbx.
+ * ucx eager writes: a WRITE slice to a peer whose lanes only emulate RMA
+ * (tcp here) goes as one eager active message that the target copies into
+ * place and answers with an acknowledgement.  UCX's own emulation of a
+ * completed put (put and flush) costs more messages, each a system call:
+ * four for an 8 B write on UCX 1.13 (the put, its completion and a second
+ * request/acknowledgement pair on the tcp lane).  UCX cuts a long message
+ * into fragments and the target's UCX reassembles it before our handler
+ * runs, so FERRY_UCX_EAGER_WRITE (default 4 MiB, the default slice size)
+ * also bounds the buffer each message in flight takes there.  Lanes with
+ * real RMA (shared memory, CMA, verbs) keep ucp_put_nbx.
  *
  * Initiator: every eager write counts twice in its group: once for UCX's
  * send completion (ferry_ucx_op_done) and once for the acknowledgement,
@@ -57,16 +60,26 @@ static ucs_status_t refusal_status(int32_t status)
     }
 }
 
-/* Take the entry with that id out of the worker's table (NULL: none). */
+/* Unlink *pp, keeping the table's tail right; caller holds w->lock. */
+static ferry_ucx_eager_t *eager_unlink(ferry_ucx_worker_t *w, ferry_ucx_eager_t **pp)
+{
+    ferry_ucx_eager_t *entry = *pp;
+    *pp = entry->next;
+    if (w->eager_tail == &entry->next)
+        w->eager_tail = pp;
+    return entry;
+}
+
+/* Take the entry with that id out of the worker's table (NULL: none).  The
+ * table is in posting order and one endpoint's acknowledgements come back
+ * in that order, so the search mostly stops at the head. */
 static ferry_ucx_eager_t *eager_take(ferry_ucx_worker_t *w, uint64_t id)
 {
     pthread_mutex_lock(&w->lock);
     ferry_ucx_eager_t **pp = &w->eager;
     while (*pp != NULL && (*pp)->id != id)
         pp = &(*pp)->next;
-    ferry_ucx_eager_t *entry = *pp;
-    if (entry != NULL)
-        *pp = entry->next;
+    ferry_ucx_eager_t *entry = *pp != NULL ? eager_unlink(w, pp) : NULL;
     pthread_mutex_unlock(&w->lock);
     return entry;
 }
@@ -87,9 +100,9 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t 
         return UCS_ERR_NO_MEMORY;
     eager_write_header_t *header = header_storage;
     pthread_mutex_lock(&w->lock);
-    *entry = (ferry_ucx_eager_t){.id = ++w->eager_ids, .ep = ep, .group = group,
-                                 .next = w->eager};
-    w->eager = entry;
+    *entry = (ferry_ucx_eager_t){.id = ++w->eager_ids, .ep = ep, .group = group};
+    *w->eager_tail = entry;
+    w->eager_tail = &entry->next;
     pthread_mutex_unlock(&w->lock);
     *header = (eager_write_header_t){.addr = slice->remote_addr, .id = entry->id};
     uint64_t id = entry->id; /* the entry may be gone once the message is out */
@@ -121,13 +134,12 @@ void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep)
     ferry_ucx_eager_t *failed = NULL;
     pthread_mutex_lock(&w->lock);
     for (ferry_ucx_eager_t **pp = &w->eager; *pp != NULL;) {
-        ferry_ucx_eager_t *entry = *pp;
-        if (entry->ep == ep) {
-            *pp = entry->next;
+        if ((*pp)->ep == ep) {
+            ferry_ucx_eager_t *entry = eager_unlink(w, pp);
             entry->next = failed;
             failed = entry;
         } else {
-            pp = &entry->next;
+            pp = &(*pp)->next;
         }
     }
     pthread_mutex_unlock(&w->lock);
@@ -221,4 +233,5 @@ void ferry_ucx_eager_fini(ferry_ucx_worker_t *w)
         free(entry);
     }
     w->eager = NULL;
+    w->eager_tail = &w->eager;
 }

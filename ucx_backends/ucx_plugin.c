@@ -42,9 +42,9 @@ const ferry_setting_t ferry_ucx_settings_table[] = {
             "buffers through UCX's RMA emulation over shared memory even when another transport "
             "reaches them (n: ucx serves them only as a last resort)", same_host_emulated,
             FERRY_SETTING_BOOL),
-    SETTING("EAGER_WRITE", "1k", "writes up to this size to a peer none of whose lanes does RMA "
-            "(tcp) go as one active message the target copies and acknowledges: two messages "
-            "instead of the four of UCX's emulated put and flush (0: always ucp_put_nbx)",
+    SETTING("EAGER_WRITE", "4m", "write slices up to this size to a peer none of whose lanes "
+            "does RMA (tcp) go as one active message the target bounds-checks, copies and "
+            "acknowledges, instead of UCX's emulated put and flush (0: always ucp_put_nbx)",
             eager_write, FERRY_SETTING_SIZE),
 };
 const size_t ferry_ucx_settings_count = FERRY_UCX_ARRAY_SIZE(ferry_ucx_settings_table);

@@ -25,7 +25,7 @@
 #endif
 
 static atomic_size_t nt_min = 256 * 1024;
-static _Thread_local const void *last_dst; /* this thread's previous destination */
+static _Thread_local const void *last_dst; /* this thread's previous large destination */
 
 void ferry_copy_set_nt_min(size_t bytes)
 {
@@ -59,11 +59,13 @@ void ferry_copy_to_peer(void *dst, const void *src, size_t length)
 {
 #ifdef FERRY_HAVE_NT_COPY
     size_t min = atomic_load_explicit(&nt_min, memory_order_relaxed);
-    int again = dst == last_dst;
-    last_dst = dst;
-    if (min != 0 && length >= min && length >= 64 && !again) {
-        copy_nt(dst, src, length);
-        return;
+    if (min != 0 && length >= min && length >= 64) { /* small copies skip the TLS access */
+        int again = dst == last_dst;
+        last_dst = dst;
+        if (!again) {
+            copy_nt(dst, src, length);
+            return;
+        }
     }
 #endif
     memcpy(dst, src, length);
