@@ -6,6 +6,10 @@
 # Usage: contrib/bench-osu-ferry-vs-mpi.sh [BUILD_DIR] [RUNS] [TRANSPORT]
 # (run contrib/quickstart-test.sh or build first; TRANSPORT: as
 #  FERRY_TRANSPORTS, default every one, the best picked)
+# Environment: PASSIVE_WAIT ("spin sleep"): one table per --passive-wait
+# mode, how the rank that moves no data waits at the end of each size (spin
+# in MPI_Barrier as OSU does, or sleep between polls and leave its core to
+# the other rank; the same for both APIs).
 set -e
 build=$(cd "${1:-build}" && pwd)
 runs=${2:-5}
@@ -22,6 +26,7 @@ launch="mpirun $root --oversubscribe --bind-to none -np 2"
 sweep() {
     for run in $(seq "$runs"); do
         $launch "$build/ferry_osu_$1" $2 ${transport:+-T $transport} --api=both \
+            --passive-wait="$wait" \
             >"$out/raw" 2>"$out/err" || { cat "$out/err" >&2; exit 1; }
         # the first table is Ferry's, the second MPI's
         awk -v f="$out/$1.ferry.$run" -v m="$out/$1.mpi.$run" '
@@ -37,12 +42,14 @@ median() { # $1 test, $2 api, $3 size
                                   else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+for wait in ${PASSIVE_WAIT:-spin sleep}; do
+rm -f "$out"/*
 sweep put_bw "-m 65536:4194304"
 sweep get_bw "-m 65536:4194304"
 sweep put_latency "-m 8:8"
 sweep get_latency "-m 8:8"
 
-echo "Ferry transport: $(cat "$out/put_bw.ferry.1.transport"); medians of $runs runs"
+echo "--passive-wait=$wait; Ferry transport: $(cat "$out/put_bw.ferry.1.transport"); medians of $runs runs"
 echo
 echo "| size | put Ferry MB/s | put MPI MB/s | Ferry/MPI | get Ferry MB/s | get MPI MB/s | Ferry/MPI |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
@@ -59,3 +66,5 @@ echo "| 8 B latency | Ferry us | MPI us |"
 echo "|---|---:|---:|"
 echo "| put | $(median put_latency ferry 8) | $(median put_latency mpi 8) |"
 echo "| get | $(median get_latency ferry 8) | $(median get_latency mpi 8) |"
+echo
+done

@@ -117,6 +117,12 @@ Test(api, config_fields_and_variables)
     unsetenv("FERRY_TCP_SLICE_SIZE");
     setenv("FERRY_RPC_ADDRESS", "127.0.0.1:notaport", 1);
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_ERR_INVALID_PARAM);
+    unsetenv("FERRY_RPC_ADDRESS");
+    setenv("FERRY_COPY_THREADS", "many", 1);
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_ERR_INVALID_PARAM);
+    setenv("FERRY_COPY_THREADS", "2", 1);
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    ferry_engine_destroy(engine);
 }
 
 Test(api, chosen_name_resolves_through_p2p)

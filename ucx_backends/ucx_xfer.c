@@ -294,67 +294,83 @@ static void kick_progress(ferry_ucx_worker_t *w)
  * ferry_alloc buffer), with their addresses, resolved under ep->lock and
  * copied after it: what UCX's own rkey_ptr protocol does, minus its request,
  * its worker lock and the flush. */
-typedef struct direct_copy {
-    ferry_slice_t *slice;
-    void *remote;
-} direct_copy_t;
-
 typedef struct direct_copies {
     size_t count, capacity, bytes;
-    direct_copy_t *items;
-    direct_copy_t inline_items[64];
+    ferry_slice_t **slices;
+    ferry_copy_item_t *copies; /* copies[i] is slices[i]'s */
+    ferry_slice_t *inline_slices[64];
+    ferry_copy_item_t inline_copies[64];
 } direct_copies_t;
 
 static void direct_copies_init(direct_copies_t *c)
 {
     c->count = c->bytes = 0;
-    c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_items);
-    c->items = c->inline_items;
+    c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_slices);
+    c->slices = c->inline_slices;
+    c->copies = c->inline_copies;
+}
+
+static void direct_copies_release(direct_copies_t *c)
+{
+    if (c->slices != c->inline_slices) {
+        free(c->slices);
+        free(c->copies);
+    }
 }
 
 static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice, void *remote)
 {
     if (c->count == c->capacity) {
-        direct_copy_t *grown = malloc(2 * c->capacity * sizeof(*grown));
-        if (grown == NULL)
+        ferry_slice_t **slices = malloc(2 * c->capacity * sizeof(*slices));
+        ferry_copy_item_t *copies = malloc(2 * c->capacity * sizeof(*copies));
+        if (slices == NULL || copies == NULL) {
+            free(slices);
+            free(copies);
             return FERRY_ERR_NO_MEMORY;
-        memcpy(grown, c->items, c->count * sizeof(*grown));
-        if (c->items != c->inline_items)
-            free(c->items);
-        c->items = grown;
+        }
+        memcpy(slices, c->slices, c->count * sizeof(*slices));
+        memcpy(copies, c->copies, c->count * sizeof(*copies));
+        direct_copies_release(c);
+        c->slices = slices;
+        c->copies = copies;
         c->capacity *= 2;
     }
-    c->items[c->count++] = (direct_copy_t){slice, remote};
+    int write = slice->opcode == FERRY_OP_WRITE;
+    c->slices[c->count] = slice;
+    c->copies[c->count++] = (ferry_copy_item_t){.dst = write ? remote : slice->local,
+                                                .src = write ? slice->local : remote,
+                                                .length = slice->length,
+                                                .to_peer = write};
     c->bytes += slice->length;
     return FERRY_OK;
 }
 
 /* No fence after the copies: ferry_copy_to_peer ends its non-temporal
  * stores with one, and plain stores are ordered before the completion by
- * the release that publishes it (slice_done's countdown). */
+ * the release that publishes it (slice_done's countdown).  A large run is
+ * shared with the copy helpers (FERRY_COPY_THREADS), which release their
+ * share to us before ferry_copy_many returns. */
 static void direct_copies_run(direct_copies_t *c)
 {
-    for (size_t i = 0; i < c->count; i++) {
-        ferry_slice_t *s = c->items[i].slice;
-        if (s->opcode == FERRY_OP_WRITE)
-            ferry_copy_to_peer(c->items[i].remote, s->local, s->length);
+    if (c->bytes > FERRY_UCX_LOCKED_COPY_MAX) {
+        ferry_copy_many(c->copies, c->count);
+        return;
+    }
+    for (size_t i = 0; i < c->count; i++) { /* small: no helper would take a share */
+        ferry_copy_item_t *copy = &c->copies[i];
+        if (copy->to_peer)
+            ferry_copy_to_peer(copy->dst, copy->src, copy->length);
         else
-            memcpy(s->local, c->items[i].remote, s->length);
+            memcpy(copy->dst, copy->src, copy->length);
     }
 }
 
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
 {
     for (size_t i = 0; i < c->count; i++) {
-        c->items[i].slice->next = NULL;
-        svc->slice_done(c->items[i].slice, FERRY_OK);
+        c->slices[i]->next = NULL;
+        svc->slice_done(c->slices[i], FERRY_OK);
     }
-}
-
-static void direct_copies_release(direct_copies_t *c)
-{
-    if (c->items != c->inline_items)
-        free(c->items);
 }
 
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)

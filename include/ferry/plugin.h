@@ -97,6 +97,19 @@ FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
  * src must not overlap. */
 FERRY_API void ferry_copy_to_peer(void *dst, const void *src, size_t length);
 
+/* One copy of a same-host transport's run: into a peer's memory (to_peer:
+ * as ferry_copy_to_peer) or out of it into ours (plain stores). */
+typedef struct ferry_copy_item {
+    void *dst;
+    const void *src;
+    size_t length;
+    int to_peer;
+} ferry_copy_item_t;
+
+/* Do every copy before returning; from FERRY_COPY_PARALLEL_MIN bytes in
+ * all, the process's copy helpers (FERRY_COPY_THREADS) take a share. */
+FERRY_API void ferry_copy_many(const ferry_copy_item_t *items, size_t count);
+
 /* ---- time ---- */
 
 /* *deadline_p = now on clock (CLOCK_REALTIME for a default condition

@@ -218,11 +218,14 @@ typedef struct ferry_engine_settings {
     unsigned invalidate_timeout_ms;
     unsigned wait_spin_us;
     size_t copy_nt_min;
+    char *copy_threads;
+    size_t copy_parallel_min;
 } ferry_engine_settings_t;
 
 struct ferry_engine {
     uint64_t handle;
     ferry_engine_settings_t settings;
+    int copy_helpers; /* this engine counts among the copy helpers' users */
     char *name;
     uint64_t generation;
     char host_id[128];

@@ -42,6 +42,13 @@ static const ferry_setting_t engine_settings[] = {
     SETTING("COPY_NT_MIN", "256k", "same-host writes (ucx into attached memory, cxl) of at least "
             "this many bytes use non-temporal stores (0: never); one value per process",
             copy_nt_min, FERRY_SETTING_SIZE),
+    SETTING("COPY_THREADS", "auto", "helper threads that take a share of same-host copies of at "
+            "least COPY_PARALLEL_MIN bytes (ucx attached memory, cxl): auto (1 where the process "
+            "may run on 2 or more CPUs, 0 in a rank bound to one core) or 0..16; one value per "
+            "process", copy_threads, FERRY_SETTING_STRING),
+    SETTING("COPY_PARALLEL_MIN", "1m", "a same-host copy run (one submit's copies) of at least "
+            "this many bytes is shared with the copy helpers", copy_parallel_min,
+            FERRY_SETTING_SIZE),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -316,6 +323,12 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     if (status != FERRY_OK)
         goto err_destroy;
     ferry_copy_set_nt_min(engine->settings.copy_nt_min);
+    unsigned copy_threads;
+    status = ferry_copy_threads_parse(engine->settings.copy_threads, &copy_threads);
+    if (status != FERRY_OK)
+        goto err_destroy;
+    ferry_copy_helpers_start(copy_threads, engine->settings.copy_parallel_min);
+    engine->copy_helpers = 1;
     read_host_id(engine);
     status = start_rpc(engine);
     if (status != FERRY_OK)
@@ -381,6 +394,8 @@ void ferry_engine_free(ferry_engine_t *engine)
         free(engine->transports[i].address);
     }
     ferry_batch_free_all(engine);
+    if (engine->copy_helpers) /* no transport copies any more */
+        ferry_copy_helpers_stop();
     /* The store's watch may still call segment_changed until it is destroyed. */
     if (engine->metadata_ctx) {
         if (engine->name)

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tool_args.h"
 
@@ -62,6 +63,7 @@ typedef struct options {
 } options_t;
 
 static int rank;
+static int passive_sleeps; /* --passive-wait=sleep */
 
 static void usage(FILE *out)
 {
@@ -78,6 +80,10 @@ static void usage(FILE *out)
         "      --api ferry|mpi|both      move the data with Ferry (default) or with MPI\n"
         "                                one-sided (MPI_Win_allocate, MPI_Win_flush); both:\n"
         "                                each size through Ferry then MPI, two tables\n"
+        "      --passive-wait spin|sleep how a rank that moves no data waits for the other at\n"
+        "                                the end of a size: in MPI_Barrier (spin, OSU's way) or\n"
+        "                                polling a nonblocking barrier with 20 us naps (sleep),\n"
+        "                                leaving its core free; either API alike\n"
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",
@@ -118,6 +124,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"accelerator", required_argument, NULL, 'd'},
         {"transport", required_argument, NULL, 'T'},
         {"api", required_argument, NULL, 'A'},
+        {"passive-wait", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -182,6 +189,15 @@ static int parse_options(int argc, char **argv, options_t *o)
             o->mpi = strcmp(optarg, "mpi") == 0;
             o->both = strcmp(optarg, "both") == 0;
             break;
+        case 'P':
+            if (strcmp(optarg, "spin") != 0 && strcmp(optarg, "sleep") != 0) {
+                if (rank == 0)
+                    fprintf(stderr, "%s: --passive-wait is spin or sleep, not %s\n",
+                            test->program, optarg);
+                return -1;
+            }
+            passive_sleeps = strcmp(optarg, "sleep") == 0;
+            break;
         case 'h':
             if (rank == 0)
                 usage(stdout);
@@ -224,6 +240,8 @@ static void print_header(int mpi, const char *transport)
         printf("# Synchronization: ferry_batch_wait\n");
         printf("# Ferry %s, transport %s\n", ferry_version_string(), transport);
     }
+    if (passive_sleeps && test->kind != BIBW)
+        printf("# Passive rank: sleeps between polls of the closing barrier\n");
     printf("%-*s%*s\n", 10, "# Size", FIELD_WIDTH,
            test->kind == LATENCY ? "Latency (us)" : "Bandwidth (MB/s)");
     fflush(stdout);
@@ -263,6 +281,33 @@ static void print_result(const osu_point_t *p)
 static int active(void)
 {
     return rank == 0 || test->kind == BIBW;
+}
+
+/* The end of a size: *ok_p becomes the AND over both ranks.  With
+ * --passive-wait=sleep the rank that moved no data waits by polling a
+ * nonblocking collective with naps instead of spinning inside MPI, so that
+ * its core is free for the other rank's threads (Ferry's copy helpers; MPI
+ * one-sided over shared memory has none and needs no target progress). */
+static void end_of_size(int *ok_p)
+{
+    if (!passive_sleeps) {
+        MPI_Allreduce(MPI_IN_PLACE, ok_p, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+        return;
+    }
+    /* Both ranks the nonblocking one: it matches no blocking collective. */
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, ok_p, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD, &request);
+    if (active()) {
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+        return;
+    }
+    for (int done = 0;;) {
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (done)
+            return;
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
 }
 
 /* ---------------- Ferry ---------------- */
@@ -387,7 +432,7 @@ static int ferry_measure(ferry_side_t *f, osu_point_t *p)
         }
         p->seconds = MPI_Wtime() - start;
     }
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    end_of_size(&ok);
     return ok ? 0 : -1;
 }
 
@@ -428,7 +473,8 @@ static void mpi_measure(osu_point_t *p)
         p->seconds = MPI_Wtime() - start;
         MPI_Win_unlock(peer, win);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    int ok = 1;
+    end_of_size(&ok);
     MPI_Win_free(&win);
     free(sbuf);
 }

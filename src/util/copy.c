@@ -55,18 +55,36 @@ static void copy_nt(unsigned char *dst, const unsigned char *src, size_t length)
 }
 #endif
 
-void ferry_copy_to_peer(void *dst, const void *src, size_t length)
+int ferry_copy_nt_wanted(const void *dst, size_t length)
 {
 #ifdef FERRY_HAVE_NT_COPY
     size_t min = atomic_load_explicit(&nt_min, memory_order_relaxed);
     if (min != 0 && length >= min && length >= 64) { /* small copies skip the TLS access */
         int again = dst == last_dst;
         last_dst = dst;
-        if (!again) {
-            copy_nt(dst, src, length);
-            return;
-        }
+        return !again;
     }
+#else
+    (void)dst;
+    (void)length;
+#endif
+    return 0;
+}
+
+void ferry_copy_piece(void *dst, const void *src, size_t length, int nt)
+{
+#ifdef FERRY_HAVE_NT_COPY
+    if (nt && length >= 64) {
+        copy_nt(dst, src, length);
+        return;
+    }
+#else
+    (void)nt;
 #endif
     memcpy(dst, src, length);
+}
+
+void ferry_copy_to_peer(void *dst, const void *src, size_t length)
+{
+    ferry_copy_piece(dst, src, length, ferry_copy_nt_wanted(dst, length));
 }

@@ -25,6 +25,21 @@ uint64_t ferry_time_us(void); /* monotonic */
 
 /* copy.c: ferry_copy_to_peer's threshold (FERRY_COPY_NT_MIN; 0: never). */
 void ferry_copy_set_nt_min(size_t bytes);
+/* Would ferry_copy_to_peer use non-temporal stores for this copy?  (It
+ * remembers dst as this thread's last large destination.) */
+int ferry_copy_nt_wanted(const void *dst, size_t length);
+/* Copy with non-temporal stores (and a fence) when nt, else memcpy. */
+void ferry_copy_piece(void *dst, const void *src, size_t length, int nt);
+
+/* copy_pool.c: the process's copy helpers for ferry_copy_many. */
+#define FERRY_COPY_MAX_THREADS 16
+/* FERRY_COPY_THREADS: "auto" (1 where the process may use 2 CPUs) or 0..16. */
+ferry_status_t ferry_copy_threads_parse(const char *text, unsigned *threads_p);
+/* Counted: the first call starts the helpers, the last stop joins them. */
+void ferry_copy_helpers_start(unsigned threads, size_t parallel_min);
+void ferry_copy_helpers_stop(void);
+/* Bytes the helpers copied since the process started (for tests). */
+uint64_t ferry_copy_helped_bytes(void);
 /* The kernel's boot id (no newline); 0 if unreadable. */
 int ferry_boot_id(char *out, size_t len);
 

@@ -82,15 +82,22 @@ static ferry_status_t copy_slice(ferry_cxl_t *cxl, const ferry_peer_t *peer,
     unsigned char *mine = s->local;
     int overlap = there < mine + s->length && mine < there + s->length;
     if (s->opcode == FERRY_OP_WRITE) {
-        if (overlap)
+        if (overlap) {
             memmove(there, s->local, s->length);
-        else
-            ferry_copy_to_peer(there, s->local, s->length); /* non-temporal when large */
+        } else { /* non-temporal when large, shared with the copy helpers when larger */
+            ferry_copy_item_t copy = {there, s->local, s->length, 1};
+            ferry_copy_many(&copy, 1);
+        }
         store_fence(); /* in the window before the request completes */
     } else {
         /* Nothing of the window is read before what made us ask. */
         atomic_thread_fence(memory_order_seq_cst);
-        memmove(s->local, there, s->length);
+        if (overlap) {
+            memmove(s->local, there, s->length);
+        } else {
+            ferry_copy_item_t copy = {s->local, there, s->length, 0};
+            ferry_copy_many(&copy, 1);
+        }
     }
     ferry_cxl_range_release(window, hold);
     return FERRY_OK;
