@@ -244,4 +244,27 @@ Test(mpi, osu_bad_options_are_refused)
     rc = run("%s %s/ferry_osu_put_latency --api=shmem 2>&1", prefix, builddir());
     cr_assert_neq(rc, 0);
     cr_assert(strstr(output, "--api is ferry, mpi or both") != NULL, "%s", output);
+    rc = run("%s %s/ferry_osu_get_bw --passive-wait=nap 2>&1", prefix, builddir());
+    cr_assert_neq(rc, 0);
+    cr_assert(strstr(output, "--passive-wait is spin or sleep") != NULL, "%s", output);
+}
+
+/* Both ways of waiting at the end of a size, both APIs in one job. */
+Test(mpi, osu_passive_rank_waits_either_way)
+{
+    static const char *const waits[] = {"sleep", "spin"};
+    for (int i = 0; i < 2; i++) {
+        int rc = run("%s %s/ferry_osu_put_bw -m 4096 -i 20 -x 2 -W 8 --api=both "
+                     "--passive-wait=%s 2>/dev/null",
+                     launcher("mpirun", 2), builddir(), waits[i]);
+        cr_assert_eq(rc, 0, "--passive-wait=%s: exit %d\n%s", waits[i], rc, output);
+        int says = strstr(output, "# Passive rank: sleeps") != NULL;
+        cr_assert_eq(says, i == 0, "--passive-wait=%s header:\n%s", waits[i], output);
+        char *mpi_table = strstr(output, "\n\n# OSU MPI_Put");
+        cr_assert_not_null(mpi_table, "no MPI table:\n%s", output);
+        mpi_table[1] = '\0'; /* the Ferry table first */
+        check_osu_output("ferry_osu_put_bw", 4096);
+        memmove(output, mpi_table + 2, strlen(mpi_table + 2) + 1);
+        check_osu_output("ferry_osu_put_bw", 4096);
+    }
 }

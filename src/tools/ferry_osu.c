@@ -63,7 +63,7 @@ typedef struct options {
 } options_t;
 
 static int rank;
-static int passive_sleeps; /* --passive-wait=sleep */
+static int passive_sleeps = 1; /* --passive-wait=sleep (the default) */
 
 static void usage(FILE *out)
 {
@@ -80,10 +80,11 @@ static void usage(FILE *out)
         "      --api ferry|mpi|both      move the data with Ferry (default) or with MPI\n"
         "                                one-sided (MPI_Win_allocate, MPI_Win_flush); both:\n"
         "                                each size through Ferry then MPI, two tables\n"
-        "      --passive-wait spin|sleep how a rank that moves no data waits for the other at\n"
-        "                                the end of a size: in MPI_Barrier (spin, OSU's way) or\n"
-        "                                polling a nonblocking barrier with 20 us naps (sleep),\n"
-        "                                leaving its core free; either API alike\n"
+        "      --passive-wait sleep|spin how a rank that moves no data waits for the other at\n"
+        "                                the end of a size: polling a nonblocking collective\n"
+        "                                with 20 us naps, leaving its core free (sleep, the\n"
+        "                                default), or inside MPI, as OSU's MPI_Barrier (spin);\n"
+        "                                either API alike\n"
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",

@@ -151,10 +151,17 @@ static void copy_serial(const ferry_copy_item_t *items, size_t count)
 
 void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
 {
+    /* A run that writes one destination again and again (a buffer
+     * rewritten in a loop, as ucx_perftest does) stays with the caller:
+     * two threads storing to the same lines only pass them back and forth
+     * (64 KiB blocks: 42 GB/s alone, 19 shared). */
     size_t total = 0;
-    for (size_t i = 0; i < count; i++)
+    int rewrites = 0;
+    for (size_t i = 0; i < count; i++) {
         total += items[i].length;
-    if (count == 0 || atomic_load_explicit(&pool.running, memory_order_relaxed) == 0 ||
+        rewrites |= i > 0 && items[i].dst == items[i - 1].dst;
+    }
+    if (count == 0 || rewrites || atomic_load_explicit(&pool.running, memory_order_relaxed) == 0 ||
         total < atomic_load_explicit(&pool.parallel_min, memory_order_relaxed) ||
         atomic_exchange(&pool.busy, 1) != 0) {
         copy_serial(items, count);
