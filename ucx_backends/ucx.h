@@ -216,6 +216,8 @@ struct ferry_ucx {
     ferry_ucx_progress_mode_t progress_mode;
     ferry_ucx_shm_policy_t shm_policy;
     ucp_context_h context;
+    ucp_datatype_t eager_dt; /* bytes packed by us: eager writes never go zero-copy (ucx_eager.c) */
+    int eager_dt_made;
     unsigned n_workers;
     ferry_ucx_worker_t *workers;
     char *address; /* our endpoint string; immutable after create */
@@ -280,13 +282,16 @@ void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 /* Does this slice go as an eager write (settings.eager_write, ep->rma_emulated)? */
 int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice);
 /* Send the slice as an eager write of the group; caller holds ep->lock.
- * header_storage (16 bytes) must live until the group finishes. */
+ * slot (FERRY_UCX_EAGER_SLOT_SIZE bytes) must live until the group finishes. */
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t *slice,
-                                  void *header_storage);
-#define FERRY_UCX_EAGER_HEADER_SIZE 16u
+                                  void *slot);
+#define FERRY_UCX_EAGER_SLOT_SIZE 32u
 /* The endpoint closed: its eager writes still waiting fail. */
 void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep);
 ferry_status_t ferry_ucx_eager_register(ferry_ucx_worker_t *w);
+/* The datatype eager writes send their bytes as (ucx->eager_dt). */
+ferry_status_t ferry_ucx_eager_datatype_create(ferry_ucx_t *ucx);
+void ferry_ucx_eager_datatype_destroy(ferry_ucx_t *ucx);
 /* The worker is gone: free what is left in its table. */
 void ferry_ucx_eager_fini(ferry_ucx_worker_t *w);
 

@@ -326,6 +326,8 @@ ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx)
         return status;
     ferry_debug("ucx: %s, resources: %s", ucp_get_version_string(), resources);
     free(resources);
+    if ((status = ferry_ucx_eager_datatype_create(ucx)) != FERRY_OK)
+        return status;
 
     ucx->workers = calloc(ucx->settings.workers, sizeof(*ucx->workers));
     if (ucx->workers == NULL)
@@ -406,6 +408,7 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx)
     free(ucx->workers);
     ucx->workers = NULL;
     ucx->n_workers = 0;
+    ferry_ucx_eager_datatype_destroy(ucx);
     if (ucx->context != NULL)
         ucp_cleanup(ucx->context);
     ucx->context = NULL;

@@ -426,7 +426,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_rkey_t *entry = NULL;
     ucs_status_t status = UCS_OK;
     int posted = 0, puts = 0;
-    unsigned char *eager_headers = NULL; /* the group's payload */
+    unsigned char *eager_headers = NULL; /* the group's payload: a slot per eager write */
     size_t eager_used = 0;
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
@@ -460,14 +460,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         }
         if (ferry_ucx_eager_fits(ep, s)) {
             if (eager_headers == NULL &&
-                (group->payload = eager_headers = malloc(count * FERRY_UCX_EAGER_HEADER_SIZE)) ==
+                (group->payload = eager_headers = malloc(count * FERRY_UCX_EAGER_SLOT_SIZE)) ==
                     NULL) {
                 result = FERRY_ERR_NO_MEMORY;
                 rest = s;
                 break;
             }
             status = ferry_ucx_eager_post(group, s,
-                                          eager_headers + FERRY_UCX_EAGER_HEADER_SIZE * eager_used++);
+                                          eager_headers + FERRY_UCX_EAGER_SLOT_SIZE * eager_used++);
         } else {
             status = post_slice(group, s, entry->rkey);
             puts++;
