@@ -6,10 +6,11 @@
 # Usage: contrib/bench-osu-ferry-vs-mpi.sh [BUILD_DIR] [RUNS] [TRANSPORT]
 # (run contrib/quickstart-test.sh or build first; TRANSPORT: as
 #  FERRY_TRANSPORTS, default every one, the best picked)
-# Environment: PASSIVE_WAIT ("sleep spin"): one table per --passive-wait
-# mode, how the rank that moves no data waits at the end of each size (sleep
-# between polls and leave its core to the other rank, ferry_osu's default,
-# or spin inside MPI as OSU's MPI_Barrier does; the same for both APIs).
+# Environment: PASSIVE_WAIT ("spin sleep"): one table per --passive-wait
+# mode, how the rank that moves no data waits at the end of each size (spin
+# inside MPI as OSU's MPI_Barrier does, ferry_osu's default, or sleep
+# between polls and leave its core to the other rank; the same for both
+# APIs).
 set -e
 build=$(cd "${1:-build}" && pwd)
 runs=${2:-5}
@@ -42,7 +43,7 @@ median() { # $1 test, $2 api, $3 size
                                   else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-for wait in ${PASSIVE_WAIT:-sleep spin}; do
+for wait in ${PASSIVE_WAIT:-spin sleep}; do
 rm -f "$out"/*
 sweep put_bw "-m 65536:4194304"
 sweep get_bw "-m 65536:4194304"

@@ -63,7 +63,7 @@ typedef struct options {
 } options_t;
 
 static int rank;
-static int passive_sleeps = 1; /* --passive-wait=sleep (the default) */
+static int passive_sleeps; /* --passive-wait=sleep */
 
 static void usage(FILE *out)
 {
@@ -80,11 +80,11 @@ static void usage(FILE *out)
         "      --api ferry|mpi|both      move the data with Ferry (default) or with MPI\n"
         "                                one-sided (MPI_Win_allocate, MPI_Win_flush); both:\n"
         "                                each size through Ferry then MPI, two tables\n"
-        "      --passive-wait sleep|spin how a rank that moves no data waits for the other at\n"
-        "                                the end of a size: polling a nonblocking collective\n"
-        "                                with 20 us naps, leaving its core free (sleep, the\n"
-        "                                default), or inside MPI, as OSU's MPI_Barrier (spin);\n"
-        "                                either API alike\n"
+        "      --passive-wait spin|sleep how a rank that moves no data waits for the other at\n"
+        "                                the end of a size: inside MPI, as OSU's MPI_Barrier\n"
+        "                                (spin, the default), or polling a nonblocking\n"
+        "                                collective with 200 us naps, leaving its core free\n"
+        "                                (sleep); either API alike\n"
         "  -h, --help                    this text\n",
         test->program, test->kind == LATENCY ? "100, 10 above 8 KiB" : "10, 2 above 8 KiB",
         test->kind == LATENCY ? "10000, 1000 above 8 KiB" : "100, 20 above 8 KiB",
@@ -306,7 +306,7 @@ static void end_of_size(int *ok_p)
         MPI_Test(&request, &done, MPI_STATUS_IGNORE);
         if (done)
             return;
-        struct timespec nap = {0, 20000};
+        struct timespec nap = {0, 200000};
         nanosleep(&nap, NULL);
     }
 }

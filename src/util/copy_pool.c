@@ -32,12 +32,14 @@
 
 #define CHUNK               (128 * 1024)
 #define INLINE_ITEMS        64
+#define STALL_US            200
 
 typedef struct copy_job {
     const ferry_copy_item_t *items;
     const size_t *ends;       /* ends[i]: the job offset just past item i */
     const unsigned char *nt;  /* nt[i]: item i goes with non-temporal stores */
     size_t count, total;
+    int caller_cpu;           /* where the caller runs (sched_getcpu) */
     atomic_size_t next;       /* first byte nobody claimed yet */
     atomic_size_t done;       /* bytes copied */
 } copy_job_t;
@@ -114,6 +116,24 @@ static size_t job_work(copy_job_t *job)
     }
 }
 
+/* Woken onto the caller's CPU, a helper would only take turns with it (and
+ * make it wait for its chunk), and the scheduler tends to wake it there
+ * again: it moves itself to another CPU it may use (excluding the caller's
+ * moves it at once; the mask put back leaves it where it landed). */
+static void move_off_cpu(int caller_cpu)
+{
+    if (caller_cpu < 0 || sched_getcpu() != caller_cpu)
+        return;
+    cpu_set_t allowed, others;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || caller_cpu >= CPU_SETSIZE)
+        return;
+    others = allowed;
+    CPU_CLR(caller_cpu, &others);
+    if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof(others), &others) != 0)
+        return;
+    sched_setaffinity(0, sizeof(allowed), &allowed);
+}
+
 static void *helper_main(void *arg)
 {
     (void)arg;
@@ -124,8 +144,10 @@ static void *helper_main(void *arg)
             seen = posted;
             atomic_fetch_add(&pool.inside, 1);
             copy_job_t *job = atomic_load(&pool.job);
-            if (job != NULL)
+            if (job != NULL) {
+                move_off_cpu(job->caller_cpu);
                 atomic_fetch_add_explicit(&pool.helped, job_work(job), memory_order_relaxed);
+            }
             atomic_fetch_sub(&pool.inside, 1);
             continue;
         }
@@ -193,7 +215,8 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
         ends[i] = end;
         nt[i] = items[i].to_peer && ferry_copy_nt_wanted(items[i].dst, items[i].length);
     }
-    copy_job_t job = {.items = items, .ends = ends, .nt = nt, .count = count, .total = total};
+    copy_job_t job = {.items = items, .ends = ends, .nt = nt, .count = count, .total = total,
+                      .caller_cpu = sched_getcpu()};
     atomic_init(&job.next, 0);
     atomic_init(&job.done, 0);
     atomic_store(&pool.job, &job);
@@ -206,22 +229,23 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
     uint64_t start = ferry_time_us();
     job_work(&job);
     uint64_t own = ferry_time_us();
-    /* What is left is chunks helpers started; one preempted on our core
-     * gets it back by our yield. */
+    /* What is left is chunks helpers started; one woken onto our core, or
+     * preempted there, gets it at our yield. */
     for (unsigned spins = 0;
          atomic_load_explicit(&job.done, memory_order_acquire) < total; spins++) {
-        if (spins < 1000)
+        if (spins < 64)
             cpu_relax();
         else
             sched_yield();
     }
     /* A helper that shares its core with a busy thread (another rank
      * spinning in MPI) can be preempted holding a chunk, and we wait for
-     * its next time slice: after a wait longer than a quarter of our own
-     * copying, copy alone for the next 4, 8, ... 256 large copies, then try
-     * again. */
+     * its next time slice, milliseconds: after a wait of over STALL_US and
+     * a quarter of our own copying, copy alone for the next 4, 8, ... 256
+     * large copies, then try again.  (A short wait, a helper that started
+     * late or was woken on our core, is no reason.) */
     uint64_t waited = ferry_time_us() - own;
-    if (waited * 4 > own - start + 20) {
+    if (waited > STALL_US && waited * 4 > own - start) {
         pool.backoff = pool.backoff == 0 ? 4 : FERRY_MIN(pool.backoff * 2, 256u);
         pool.skip = pool.backoff;
     } else {
