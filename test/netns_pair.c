@@ -241,6 +241,22 @@ int netns_pair_create(netns_pair_t *pair, char *why, size_t why_len)
             return NETNS_FAILED;
         }
     }
+    /* "link set up" returns before the carrier is: a library that lists
+     * running interfaces (UCX) would not see the veth yet. */
+    for (int i = 0; i < 2; i++) {
+        long deadline = now_ms() + IP_TIMEOUT_MS;
+        while (run_ip(pair, out, sizeof(out), "-n %s link show dev %s", pair->ns[i],
+                      pair->ifname[i]) != 0 ||
+               strstr(out, "LOWER_UP") == NULL) {
+            if (now_ms() > deadline) {
+                snprintf(why, why_len, "%s in %s never came up: %s", pair->ifname[i],
+                         pair->ns[i], out);
+                netns_pair_destroy(pair);
+                return NETNS_FAILED;
+            }
+            usleep(10000);
+        }
+    }
     return NETNS_OK;
 }
 
