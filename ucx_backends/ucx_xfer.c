@@ -352,17 +352,7 @@ static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice
  * share to us before ferry_copy_many returns. */
 static void direct_copies_run(direct_copies_t *c)
 {
-    if (c->bytes > FERRY_UCX_LOCKED_COPY_MAX) {
-        ferry_copy_many(c->copies, c->count);
-        return;
-    }
-    for (size_t i = 0; i < c->count; i++) { /* small: no helper would take a share */
-        ferry_copy_item_t *copy = &c->copies[i];
-        if (copy->to_peer)
-            ferry_copy_to_peer(copy->dst, copy->src, copy->length);
-        else
-            memcpy(copy->dst, copy->src, copy->length);
-    }
+    ferry_copy_many(c->copies, c->count);
 }
 
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)

@@ -10,9 +10,10 @@
  * counter by the caller and by every helper awake, so a helper that is not
  * running (the core is busy elsewhere) takes nothing and the caller copies
  * the rest itself; the caller only ever waits for chunks a helper has
- * started.  A helper polls for COPY_HELPER_SPIN_US after its last job (a
- * stream of large copies finds it awake), then sleeps on the pool's
- * condition variable.
+ * started.  A helper sleeps on the pool's condition variable between jobs:
+ * one that polled would run as much as a busy thread sharing its core and
+ * be preempted holding a chunk as often (0.79-0.83x of one thread at 64
+ * KiB next to an MPI rank spinning).
  *
  * One job at a time: a caller that finds the slot taken copies alone.  The
  * helpers are process-wide, like FERRY_COPY_NT_MIN: the first engine starts
