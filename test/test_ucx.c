@@ -158,6 +158,70 @@ Test(ucx, several_workers_on_both_sides)
     }
 }
 
+/* Batches of eager writes from two threads at once, with ferry_batch_wait
+ * sleeping at once (FERRY_WAIT_SPIN=0): only the worker's thread completes
+ * them, so it must come back to the worker after each caller's posting,
+ * however the two callers' posts overlap. */
+typedef struct writer {
+    ferry_segment_h segment;
+    unsigned char *from;
+    uint64_t to;
+    ferry_status_t status;
+} writer_t;
+
+static void *write_batches(void *arg)
+{
+    enum { PER_BATCH = 64, ROUNDS = 8 };
+    const size_t block = 64 * 1024;
+    writer_t *wr = arg;
+    ferry_request_t reqs[PER_BATCH];
+    for (int i = 0; i < PER_BATCH; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = wr->from + i * block,
+                                    .target = wr->segment,
+                                    .target_offset = wr->to + i * block,
+                                    .length = block};
+    wr->status = FERRY_OK;
+    for (int round = 0; round < ROUNDS && wr->status == FERRY_OK; round++) {
+        ferry_batch_h batch;
+        if ((wr->status = ferry_batch_create(engine, PER_BATCH, &batch)) != FERRY_OK)
+            break;
+        if ((wr->status = ferry_batch_submit(batch, reqs, PER_BATCH)) == FERRY_OK)
+            wr->status = ferry_batch_wait(batch, 30000);
+        ferry_batch_destroy(batch);
+    }
+    return NULL;
+}
+
+Test(ucx, progress_thread_alone_completes_concurrent_eager_writes_over_tcp)
+{
+    setenv("FERRY_UCX_SAME_HOST_SHM", "ignore", 1);
+    setenv("FERRY_WAIT_SPIN", "0", 1);
+    start("tcp", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 8 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, 8 * MIB, "cpu", 0), FERRY_OK);
+    writer_t writers[2];
+    pthread_t threads[2];
+    for (int t = 0; t < 2; t++) {
+        test_pattern_fill(local + t * 4 * MIB, 4 * MIB, 30 + (unsigned)t);
+        writers[t] = (writer_t){segment, local + t * 4 * MIB, peer.arena + t * 4 * MIB, 0};
+        cr_assert_eq(pthread_create(&threads[t], NULL, write_batches, &writers[t]), 0);
+    }
+    for (int t = 0; t < 2; t++) {
+        pthread_join(threads[t], NULL);
+        cr_assert_eq(writers[t].status, FERRY_OK, "writer %d: %s", t,
+                     ferry_status_string(writers[t].status));
+        cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %d", t * 4 * MIB, 4 * MIB, 30 + t), "OK");
+    }
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
 /* The key in the descriptor is text (base64 of the packed rkey), the
  * endpoint carries the worker address, and a transfer works through them. */
 Test(ucx, packed_rkey_survives_the_descriptor_round_trip)

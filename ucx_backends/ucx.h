@@ -62,6 +62,10 @@ enum {
 /* A caller's ferry_ucx_progress polls a worker with nothing in flight and
  * only shared-memory endpoints every this many calls (see there). */
 #define FERRY_UCX_IDLE_POLL_EVERY 8u
+/* A worker's thread parked while a caller posts (ferry_ucx_posting_begin)
+ * looks at the worker at least this often: another caller's completions
+ * may wait on it. */
+#define FERRY_UCX_PARK_MAX_MS 1u
 
 typedef enum ferry_ucx_progress_mode {
     FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */
@@ -195,6 +199,10 @@ struct ferry_ucx_worker {
     atomic_int stop;
     atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
     atomic_uint_fast64_t caller_polls;     /* bumped by every caller's progress call */
+    atomic_uint posting;                   /* callers posting to the worker (submit) */
+    atomic_int parked;                     /* the thread waits on park_cond */
+    pthread_mutex_t park_lock;
+    pthread_cond_t park_cond; /* CLOCK_MONOTONIC; signalled when posting drops to 0 */
     atomic_uint busy;                      /* groups in flight: sweep deadlines */
     atomic_uint net_eps;                   /* listed endpoints whose messages go by network */
     atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
@@ -254,6 +262,10 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx);
 /* The transport's progress op: the caller's thread progresses every worker
  * that has requests of ours in flight. */
 unsigned ferry_ucx_progress(void *ctx);
+/* Around a caller's posts to a worker: its thread stays off the worker
+ * meanwhile and is back on it when the last poster is done. */
+void ferry_ucx_posting_begin(ferry_ucx_worker_t *w);
+void ferry_ucx_posting_end(ferry_ucx_worker_t *w);
 /* What ferry_info prints: version and the transports this host offers. */
 void ferry_ucx_print_info(FILE *out);
 
