@@ -629,6 +629,38 @@ static void publish_forged(const service_t *metad, size_t honest_length)
 
 static const char *const honest_env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
 
+/* One batch of four 64 KiB writes, the one at index refused (-1: none)
+ * aimed past the registration; returns the batch's wait status and checks
+ * that the refused one reports FERRY_ERR_OUT_OF_RANGE.  Over tcp the four
+ * share one acknowledgement, so a refusal in the middle of the run must
+ * reach it. */
+static ferry_status_t write_run(ferry_segment_h segment, uint64_t arena, int refused)
+{
+    enum { N = 4 };
+    const size_t block = 64 * 1024;
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + i * block,
+                                    .target = segment,
+                                    .target_offset = i == refused ? arena + MIB + 4096
+                                                                  : arena + 64 + i * block,
+                                    .length = block};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    ferry_status_t status = ferry_batch_wait(batch, 30000);
+    if (refused >= 0) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)refused, &xs), FERRY_OK);
+        cr_assert_eq(xs.state, FERRY_XFER_FAILED, "write %d of the run", refused);
+        cr_assert_eq(xs.error, FERRY_ERR_OUT_OF_RANGE, "write %d of the run: %s", refused,
+                     ferry_status_string(xs.error));
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
 /* Over tcp writes go eager: the target itself checks the range against
  * its registrations, so a forged descriptor's claim gets
  * FERRY_ERR_OUT_OF_RANGE from it, with nothing written. */
@@ -659,6 +691,13 @@ Test(ucx, forged_descriptor_cannot_make_an_eager_write_reach_past_a_registration
         size_t across = length < 2 ? 2 : length;
         cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 1, across, NULL),
                      FERRY_ERR_OUT_OF_RANGE, "%zu bytes across its end", across);
+    }
+    test_pattern_fill(local, 4 * 64 * 1024, 22);
+    for (int refused = 0; refused < 4; refused++) {
+        cr_assert_neq(write_run(segment, peer.arena, refused), FERRY_OK, "refused: %d", refused);
+        /* The next run starts clean: the refusal was the last run's. */
+        cr_assert_eq(write_run(segment, peer.arena, -1), FERRY_OK, "after refused %d", refused);
+        cr_assert_str_eq(peer_cmd(&peer, "check 64 %zu 22", (size_t)4 * 64 * 1024), "OK");
     }
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, MIB), before,
                      "memory outside the registration changed");

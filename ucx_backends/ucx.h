@@ -66,6 +66,9 @@ enum {
  * looks at the worker at least this often: another caller's completions
  * may wait on it. */
 #define FERRY_UCX_PARK_MAX_MS 1u
+/* A target remembers this many refused eager writes whose run's
+ * acknowledgement has not come yet (ucx_eager.c). */
+#define FERRY_UCX_REFUSALS_MAX 64u
 
 typedef enum ferry_ucx_progress_mode {
     FERRY_UCX_PROGRESS_WAIT,   /* block on the worker's event fd, wake on events */
@@ -131,6 +134,8 @@ struct ferry_ucx_ep {
     int same_host;
     int am_on_shm;              /* active messages (and emulated RMA) use a shared-memory FIFO */
     int rma_emulated;           /* no lane does RMA: small writes go eager (ucx_eager.c) */
+    int am_ordered;             /* one lane carries every active message: they arrive
+                                   in posting order (eager writes share acknowledgements) */
     long pid;                   /* the peer process if it runs on our kernel and pid
                                    namespace, else 0 (from the endpoint string) */
     unsigned long long start_time;
@@ -213,9 +218,17 @@ struct ferry_ucx_worker {
     ferry_ucx_ep_t *eps;
     ferry_ucx_ep_t *close_queue;
     ferry_ucx_ep_t *flush_queue; /* endpoints whose waiting groups need a flush */
-    ferry_ucx_eager_t *eager;    /* eager writes waiting for their acknowledgement, oldest first */
+    ferry_ucx_eager_t *eager;    /* acknowledgements eager writes wait for, oldest first */
     ferry_ucx_eager_t **eager_tail; /* where the next one goes (&eager when empty) */
-    uint64_t eager_ids;          /* the last eager write's id */
+    uint64_t eager_ids;          /* the last acknowledgement's id (random start) */
+    /* Target: refusals of writes whose acknowledgement is still to come
+     * (ucx_eager.c); a ring, the oldest overwritten. */
+    struct ferry_ucx_refusal {
+        ucp_ep_h reply_ep;
+        uint64_t id;
+        int32_t status;
+    } refusals[FERRY_UCX_REFUSALS_MAX];
+    unsigned refusals_next;
 };
 
 struct ferry_ucx {
@@ -293,11 +306,26 @@ void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 /* ---- ucx_eager.c ---- */
 /* Does this slice go as an eager write (settings.eager_write, ep->rma_emulated)? */
 int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice);
-/* Send the slice as an eager write of the group; caller holds ep->lock.
- * slot (FERRY_UCX_EAGER_SLOT_SIZE bytes) must live until the group finishes. */
-ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t *slice,
-                                  void *slot);
-#define FERRY_UCX_EAGER_SLOT_SIZE 32u
+/* The eager writes of one submit.  On an endpoint that keeps its active
+ * messages in order (ep->am_ordered) they share one acknowledgement, which
+ * the last asks for; elsewhere each asks for its own. */
+typedef struct ferry_ucx_eager_run {
+    void *slots;      /* a header slot per eager write and one spare: the group's payload */
+    int slots_given;  /* group->payload holds them */
+    size_t used;      /* slots used */
+    size_t left;      /* eager slices of the submit not posted yet */
+    uint64_t open_id; /* the acknowledgement the writes posted so far wait for; 0: none */
+} ferry_ucx_eager_run_t;
+/* Count the submit's eager slices and make their slots. */
+ferry_status_t ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
+                                        const ferry_slice_t *slices);
+/* Send the slice as an eager write of the group; caller holds ep->lock. */
+ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
+                                  const ferry_slice_t *slice);
+/* After the last post (group: the submit's, or NULL): a run that stopped
+ * before its last eager write asks for its acknowledgement now.  Caller
+ * holds ep->lock. */
+void ferry_ucx_eager_run_end(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group);
 /* The endpoint closed: its eager writes still waiting fail. */
 void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep);
 ferry_status_t ferry_ucx_eager_register(ferry_ucx_worker_t *w);
@@ -346,6 +374,8 @@ void ferry_ucx_flush_waiting(ferry_ucx_ep_t *ep);
 /* Completion callback for any op of a group (user_data = group). */
 void ferry_ucx_op_done(void *request, ucs_status_t status, void *user_data);
 void ferry_ucx_group_unref_op(ferry_ucx_group_t *group, ucs_status_t status);
+/* Record a failure for the group's slices (the first one wins). */
+void ferry_ucx_group_fail(ferry_ucx_group_t *group, ucs_status_t status);
 
 /* ---- ucx_am.c ---- */
 ferry_status_t ferry_ucx_am_register(ferry_ucx_worker_t *worker);

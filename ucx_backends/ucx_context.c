@@ -31,6 +31,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -337,6 +338,10 @@ static void worker_init(ferry_ucx_t *ucx, ferry_ucx_worker_t *w, unsigned index)
     pthread_cond_init(&w->park_cond, &cond_attr);
     pthread_condattr_destroy(&cond_attr);
     w->eager_tail = &w->eager;
+    /* Acknowledgement ids start anywhere: a target's refusal ring keyed by
+     * (endpoint, id) does not match a restarted initiator's first runs. */
+    if (getrandom(&w->eager_ids, sizeof(w->eager_ids), GRND_NONBLOCK) != sizeof(w->eager_ids))
+        w->eager_ids = (uint64_t)ferry_ucx_time_us() * 0x9e3779b97f4a7c15ull;
 }
 
 static ferry_status_t worker_create(ferry_ucx_t *ucx, ferry_ucx_worker_t *w, char **address_p)

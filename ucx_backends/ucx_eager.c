@@ -18,25 +18,43 @@
  * ("comp->count > 0", seen once in a killed-peer test).  Copying costs
  * 64 KiB writes about 15 % of their bandwidth over loopback.
  *
- * Initiator: every eager write counts twice in its group: once for UCX's
- * send completion (ferry_ucx_op_done) and once for the acknowledgement,
- * found by its id in the worker's table.  Whoever takes the entry out of
- * the table finishes that count: the acknowledgement, or the endpoint's
- * close (which fails what is still waiting).  An acknowledgement with an
- * id we do not know (late, duplicated, forged) is dropped.
+ * Acknowledgements.  Where one lane carries every active message of the
+ * endpoint (ep->am_ordered: over tcp, one connection) the messages arrive
+ * and are handled in posting order: UCX queues what a lane cannot send yet
+ * in order behind what it is sending, and the target's handlers run as the
+ * byte stream delivers.  (UCX's API promises no order in general: with
+ * several lanes the fragments of different messages may take different
+ * ones.)  There the eager writes of one submit share one acknowledgement:
+ * every write carries its id, the last one asks for it (EAGER_ACK), and the
+ * answer means the target handled them all.  Over tcp an acknowledgement
+ * per write is a system call more on each side per write.  On an endpoint
+ * with several such lanes every write asks for its own.
+ *
+ * Initiator: every eager write counts once in its group for UCX's send
+ * completion (ferry_ucx_op_done), every acknowledgement once more; an
+ * acknowledgement is an entry in the worker's table, found by its id.
+ * Whoever takes the entry out of the table finishes that count: the
+ * acknowledgement, or the endpoint's close (which fails what is still
+ * waiting).  An acknowledgement with an id we do not know (late,
+ * duplicated, forged) is dropped.
  *
  * Target: the range must lie inside a live, remote-writable registration
  * (access_acquire), else nothing is written and the acknowledgement says
- * why.
+ * why; a refusal of a write that asks for none waits in the worker's
+ * refusal ring for the run's last write.
  */
 #include "ucx.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+enum { EAGER_ACK = 1 }; /* eager_write_header_t.flags: answer (for this write and those before) */
+
 typedef struct eager_write_header {
     uint64_t addr;
-    uint64_t id;
+    uint64_t id; /* of the acknowledgement */
+    uint32_t flags;
+    uint32_t pad;
 } eager_write_header_t;
 
 /* What the packed datatype reads the bytes from. */
@@ -52,12 +70,9 @@ typedef struct eager_slot {
     pack_state_t pack;
 } eager_slot_t;
 
-_Static_assert(sizeof(eager_slot_t) == FERRY_UCX_EAGER_SLOT_SIZE,
-               "ucx.h's FERRY_UCX_EAGER_SLOT_SIZE is the eager write slot's size");
-
 typedef struct eager_ack_header {
     uint64_t id;
-    int32_t status; /* ferry_status_t of the target's copy */
+    int32_t status; /* ferry_status_t: the first refusal of the writes it answers */
     int32_t pad;
 } eager_ack_header_t;
 
@@ -129,7 +144,8 @@ static size_t pack(void *state, size_t offset, void *dest, size_t max_length)
 {
     pack_state_t *s = state;
     size_t n = offset < s->length ? FERRY_UCX_MIN(max_length, s->length - offset) : 0;
-    memcpy(dest, s->bytes + offset, n);
+    if (n > 0)
+        memcpy(dest, s->bytes + offset, n);
     return n;
 }
 
@@ -176,25 +192,48 @@ int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice)
            slice->length <= ep->ucx->settings.eager_write;
 }
 
-ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t *slice,
-                                  void *slot_storage)
+ferry_status_t ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
+                                        const ferry_slice_t *slices)
+{
+    *run = (ferry_ucx_eager_run_t){0};
+    for (const ferry_slice_t *s = slices; ep->rma_emulated && s != NULL; s = s->next)
+        run->left += ferry_ucx_eager_fits(ep, s);
+    if (run->left > 0 && (run->slots = malloc((run->left + 1) * sizeof(eager_slot_t))) == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    return FERRY_OK;
+}
+
+/* A new acknowledgement in the worker's table; 0 if out of memory. */
+static uint64_t ack_expect(ferry_ucx_group_t *group)
 {
     ferry_ucx_ep_t *ep = group->ep;
     ferry_ucx_worker_t *w = ep->worker;
     ferry_ucx_eager_t *entry = malloc(sizeof(*entry));
     if (entry == NULL)
-        return UCS_ERR_NO_MEMORY;
-    eager_slot_t *slot = slot_storage;
-    eager_write_header_t *header = &slot->header;
+        return 0;
     pthread_mutex_lock(&w->lock);
-    *entry = (ferry_ucx_eager_t){.id = ++w->eager_ids, .ep = ep, .group = group};
+    if (++w->eager_ids == 0)
+        ++w->eager_ids; /* 0 means none */
+    *entry = (ferry_ucx_eager_t){.id = w->eager_ids, .ep = ep, .group = group};
     *w->eager_tail = entry;
     w->eager_tail = &entry->next;
     pthread_mutex_unlock(&w->lock);
-    *header = (eager_write_header_t){.addr = slice->remote_addr, .id = entry->id};
-    slot->pack = (pack_state_t){slice->local, slice->length};
-    uint64_t id = entry->id; /* the entry may be gone once the message is out */
-    atomic_fetch_add(&group->pending, 2); /* the send, the acknowledgement */
+    atomic_fetch_add(&group->pending, 1); /* the acknowledgement */
+    return entry->id;
+}
+
+/* Send one eager write (length 0: only the request for the acknowledgement). */
+static ucs_status_t eager_send(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
+                               uint64_t addr, const void *bytes, size_t length, int ack)
+{
+    ferry_ucx_ep_t *ep = group->ep;
+    eager_slot_t *slot = (eager_slot_t *)run->slots + run->used++;
+    uint64_t id = run->open_id;
+    slot->header = (eager_write_header_t){.addr = addr, .id = id, .flags = ack ? EAGER_ACK : 0};
+    slot->pack = (pack_state_t){bytes, length};
+    if (ack)
+        run->open_id = 0;
+    atomic_fetch_add(&group->pending, 1); /* the send */
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
@@ -203,18 +242,42 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_group_t *group, const ferry_slice_t 
         .user_data = group,
         .datatype = ep->ucx->eager_dt, /* count: the length in bytes */
     };
-    ucs_status_ptr_t request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_WRITE, header,
-                                               sizeof(*header), &slot->pack, slice->length,
-                                               &param);
+    ucs_status_ptr_t request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_WRITE, &slot->header,
+                                               sizeof(slot->header), &slot->pack, length, &param);
     if (UCS_PTR_IS_PTR(request))
         return UCS_OK;
     ucs_status_t status = UCS_PTR_STATUS(request);
     ferry_ucx_group_unref_op(group, status); /* the send's count */
-    if (status != UCS_OK && (entry = eager_take(w, id)) != NULL) {
+    ferry_ucx_eager_t *entry;
+    if (status != UCS_OK && ack && (entry = eager_take(ep->worker, id)) != NULL) {
         free(entry); /* no acknowledgement will come */
         ferry_ucx_group_unref_op(group, status);
     }
     return status;
+}
+
+ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
+                                  const ferry_slice_t *slice)
+{
+    if (!run->slots_given) {
+        group->payload = run->slots; /* headers and pack states outlive the sends */
+        run->slots_given = 1;
+    }
+    if (run->open_id == 0 && (run->open_id = ack_expect(group)) == 0) {
+        ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY); /* the slice fails with the group */
+        return UCS_ERR_NO_MEMORY;
+    }
+    run->left--;
+    int ack = run->left == 0 || !group->ep->am_ordered;
+    return eager_send(run, group, slice->remote_addr, slice->local, slice->length, ack);
+}
+
+void ferry_ucx_eager_run_end(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group)
+{
+    if (!run->slots_given)
+        free(run->slots);
+    else if (run->open_id != 0) /* an error stopped the run before its last write */
+        eager_send(run, group, 0, NULL, 0, 1);
 }
 
 void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep)
@@ -274,11 +337,63 @@ static void send_ack(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status)
     ferry_ucx_am_send_header(reply_ep, FERRY_UCX_AM_WRITE_ACK, ack, sizeof(*ack));
 }
 
+/* A write that asks for no acknowledgement was refused: keep the refusal
+ * for the run's last write.  The ring holds FERRY_UCX_REFUSALS_MAX runs; an
+ * initiator that never finishes its runs (dead, or not ours) only pushes
+ * the oldest out. */
+static void refusal_keep(ferry_ucx_worker_t *w, ucp_ep_h reply_ep, uint64_t id,
+                         ferry_status_t status)
+{
+    pthread_mutex_lock(&w->lock);
+    for (unsigned i = 0; i < FERRY_UCX_REFUSALS_MAX; i++)
+        if (w->refusals[i].reply_ep == reply_ep && w->refusals[i].id == id) {
+            pthread_mutex_unlock(&w->lock); /* the run's first refusal stands */
+            return;
+        }
+    struct ferry_ucx_refusal *slot = &w->refusals[w->refusals_next++ % FERRY_UCX_REFUSALS_MAX];
+    if (slot->reply_ep != NULL)
+        ferry_warn("ucx: more than %u runs of eager writes with a refusal are waiting for "
+                   "their last write; the oldest is forgotten", FERRY_UCX_REFUSALS_MAX);
+    *slot = (struct ferry_ucx_refusal){reply_ep, id, (int32_t)status};
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* The run's last write: the refusal kept for it, if any, else FERRY_OK. */
+static ferry_status_t refusal_take(ferry_ucx_worker_t *w, ucp_ep_h reply_ep, uint64_t id)
+{
+    ferry_status_t status = FERRY_OK;
+    pthread_mutex_lock(&w->lock);
+    for (unsigned i = 0; i < FERRY_UCX_REFUSALS_MAX; i++)
+        if (w->refusals[i].reply_ep == reply_ep && w->refusals[i].id == id) {
+            status = (ferry_status_t)w->refusals[i].status;
+            w->refusals[i] = (struct ferry_ucx_refusal){0};
+            break;
+        }
+    pthread_mutex_unlock(&w->lock);
+    return status;
+}
+
+/* Copy one eager write into place if it lies inside a live, remote-writable
+ * registration; else access_acquire said why. */
+static ferry_status_t write_apply(const ferry_transport_services_t *svc, uint64_t addr,
+                                  const void *data, size_t length)
+{
+    if (length == 0)
+        return FERRY_OK; /* only a request for the acknowledgement */
+    void *token;
+    ferry_status_t status = svc->access_acquire(svc->engine, addr, length, FERRY_ACCESS_WRITE,
+                                                &token);
+    if (status == FERRY_OK) {
+        memcpy((void *)(uintptr_t)addr, data, length);
+        svc->access_release(svc->engine, token);
+    }
+    return status;
+}
+
 static ucs_status_t write_received(void *arg, const void *header, size_t header_length,
                                    void *data, size_t length, const ucp_am_recv_param_t *param)
 {
     ferry_ucx_worker_t *w = arg;
-    const ferry_transport_services_t *svc = &w->ucx->svc;
     eager_write_header_t hdr;
     if (header_length != sizeof(hdr) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         ferry_warn("ucx: dropped a malformed eager write (%zu-byte header)", header_length);
@@ -286,18 +401,17 @@ static ucs_status_t write_received(void *arg, const void *header, size_t header_
     }
     memcpy(&hdr, header, sizeof(hdr));
     ferry_status_t status = FERRY_ERR_INVALID_PARAM;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        /* We send eager only; a rendezvous one is not received here. */
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) /* we send eager only */
         ferry_warn("ucx: refused a rendezvous eager write of %zu bytes", length);
-    } else {
-        void *token;
-        status = svc->access_acquire(svc->engine, hdr.addr, length, FERRY_ACCESS_WRITE, &token);
-        if (status == FERRY_OK) { /* else access_acquire said why */
-            memcpy((void *)(uintptr_t)hdr.addr, data, length);
-            svc->access_release(svc->engine, token);
-        }
+    else
+        status = write_apply(&w->ucx->svc, hdr.addr, data, length);
+    if (!(hdr.flags & EAGER_ACK)) {
+        if (status != FERRY_OK)
+            refusal_keep(w, param->reply_ep, hdr.id, status);
+        return UCS_OK;
     }
-    send_ack(param->reply_ep, hdr.id, status);
+    ferry_status_t earlier = refusal_take(w, param->reply_ep, hdr.id);
+    send_ack(param->reply_ep, hdr.id, earlier != FERRY_OK ? earlier : status);
     return UCS_OK;
 }
 

@@ -272,19 +272,32 @@ static int is_shm_transport(const char *tl)
     return 0;
 }
 
+/* Is purpose one of the comma-separated list's? */
+static int has_purpose(const char *list, const char *purpose)
+{
+    size_t n = strlen(purpose);
+    for (const char *p = list; *p != '\0'; p += strcspn(p, ","), p += *p == ',')
+        if (strncmp(p, purpose, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
 /* Fill ep->lanes ("sysv/memory(am) cma/memory(rma_bw)") from UCX's own
- * description of the endpoint; returns whether a lane that carries active
- * messages (and with them small puts, flushes and notifies) is a
- * shared-memory one. */
-static int describe_lanes(ferry_ucx_ep_t *ep)
+ * description of the endpoint, and from it ep->am_on_shm (the lane that
+ * carries active messages, and with them small puts, flushes and
+ * notifies, is a shared-memory one) and ep->am_ordered (one lane carries
+ * them all, short and fragmented: they arrive in posting order).  Where
+ * UCX describes nothing, neither holds. */
+static void describe_lanes(ferry_ucx_ep_t *ep)
 {
     char *text = NULL;
     size_t size = 0, used = 0;
-    int am_on_shm = 0;
+    unsigned am_lanes = 0;
     ep->lanes[0] = '\0';
+    ep->am_on_shm = ep->am_ordered = 0;
     FILE *stream = open_memstream(&text, &size);
     if (stream == NULL)
-        return 0;
+        return;
     ucp_ep_print_info(ep->ep, stream);
     fclose(stream);
     /* "#  lane[0]:  3:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive" */
@@ -324,9 +337,9 @@ static int describe_lanes(ferry_ucx_ep_t *ep)
             }
             purposes[k] = '\0';
         }
-        if (strncmp(purposes, "am", 2) == 0 && (purposes[2] == ',' || purposes[2] == '\0') &&
-            is_shm_transport(tl))
-            am_on_shm = 1;
+        if (has_purpose(purposes, "am") && is_shm_transport(tl))
+            ep->am_on_shm = 1;
+        am_lanes += has_purpose(purposes, "am") || has_purpose(purposes, "am_bw");
         int w = snprintf(ep->lanes + used, sizeof(ep->lanes) - used, "%s%s/%s(%s)",
                          used ? " " : "", tl, dev, purposes);
         if (w < 0 || (size_t)w >= sizeof(ep->lanes) - used)
@@ -334,7 +347,7 @@ static int describe_lanes(ferry_ucx_ep_t *ep)
         used += (size_t)w;
     }
     free(text);
-    return am_on_shm;
+    ep->am_ordered = am_lanes == 1;
 }
 
 /* "ucx1:<boot id>:<pid ns>:<pid>:<start>:<addresses>" */
@@ -416,10 +429,10 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
         ferry_warn("ucx: no endpoint to %s: %s", ep->name, ucs_status_string(status));
         return status == UCS_ERR_UNREACHABLE ? FERRY_ERR_UNSUPPORTED : ferry_ucx_status(status);
     }
-    int am_on_shm = ep->am_on_shm = describe_lanes(ep);
+    describe_lanes(ep);
     /* "cma/memory(rma_bw)", "rc_mlx5/mlx5_0:1(rma,amo)": some lane does RMA */
     ep->rma_emulated = strstr(ep->lanes, "rma") == NULL;
-    if (ep->same_host && !am_on_shm && ucx->shm_policy != FERRY_UCX_SHM_IGNORE) {
+    if (ep->same_host && !ep->am_on_shm && ucx->shm_policy != FERRY_UCX_SHM_IGNORE) {
         if (ucx->shm_policy == FERRY_UCX_SHM_REQUIRE) {
             ferry_warn("ucx: endpoint to same-host peer %s uses no shared memory (lanes: %s); "
                        "FERRY_UCX_SAME_HOST_SHM=require: ucx does not serve it", ep->name,
@@ -439,7 +452,7 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     ep->worker_next = ep->worker->eps;
     ep->worker->eps = ep;
     ep->on_worker_list = 1;
-    if (!am_on_shm)
+    if (!ep->am_on_shm)
         atomic_fetch_add(&ep->worker->net_eps, 1);
     pthread_mutex_unlock(&ep->worker->lock);
     ferry_ucx_send_hello(ep);

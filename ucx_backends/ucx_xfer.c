@@ -93,12 +93,16 @@ static void group_abandon(ferry_ucx_group_t *group)
     free(group);
 }
 
+void ferry_ucx_group_fail(ferry_ucx_group_t *group, ucs_status_t status)
+{
+    int expected = UCS_OK;
+    atomic_compare_exchange_strong(&group->status, &expected, (int)status);
+}
+
 void ferry_ucx_group_unref_op(ferry_ucx_group_t *group, ucs_status_t status)
 {
-    if (status != UCS_OK) {
-        int expected = UCS_OK;
-        atomic_compare_exchange_strong(&group->status, &expected, (int)status);
-    }
+    if (status != UCS_OK)
+        ferry_ucx_group_fail(group, status);
     if (atomic_fetch_sub(&group->pending, 1) == 1)
         group_finish(group);
 }
@@ -368,8 +372,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_t *ucx = ctx;
     if (slices == NULL)
         return FERRY_ERR_INVALID_PARAM;
-    size_t bytes = 0, count = 0;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next, count++) {
+    size_t bytes = 0;
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
         if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
             (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
             return FERRY_ERR_INVALID_PARAM;
@@ -390,11 +394,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         pthread_mutex_lock(&ep->lock);
     }
     ferry_ucx_worker_t *worker = ep->worker;
-    if (ep->closed || atomic_load(&ep->failed) != 0) {
+    ferry_ucx_eager_run_t eager;
+    result = ep->closed || atomic_load(&ep->failed) != 0 ? FERRY_ERR_PEER_FAILED
+                                                         : ferry_ucx_eager_run_init(&eager, ep, slices);
+    if (result != FERRY_OK) {
         pthread_mutex_unlock(&ep->lock);
         if (ref)
             ferry_ucx_ep_unref(ep);
-        return FERRY_ERR_PEER_FAILED;
+        return result;
     }
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
         atomic_load(&ep->outstanding) == 0) {
@@ -416,8 +423,6 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_rkey_t *entry = NULL;
     ucs_status_t status = UCS_OK;
     int posted = 0, puts = 0;
-    unsigned char *eager_headers = NULL; /* the group's payload: a slot per eager write */
-    size_t eager_used = 0;
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
@@ -452,15 +457,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             ferry_ucx_posting_begin(worker); /* 64 KiB writes over tcp: 1.9 -> 2.0 GB/s */
         }
         if (ferry_ucx_eager_fits(ep, s)) {
-            if (eager_headers == NULL &&
-                (group->payload = eager_headers = malloc(count * FERRY_UCX_EAGER_SLOT_SIZE)) ==
-                    NULL) {
-                result = FERRY_ERR_NO_MEMORY;
-                rest = s;
-                break;
-            }
-            status = ferry_ucx_eager_post(group, s,
-                                          eager_headers + FERRY_UCX_EAGER_SLOT_SIZE * eager_used++);
+            status = ferry_ucx_eager_post(&eager, group, s);
         } else {
             status = post_slice(group, s, entry->rkey);
             puts++;
@@ -474,6 +471,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         posted++;
     }
     *posts_tail = NULL;
+    ferry_ucx_eager_run_end(&eager, group);
     if (group != NULL)
         ferry_ucx_posting_end(worker);
     if (posted == 0 && copies.count == 0) {
@@ -499,9 +497,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             /* Later slices of this submit cannot go: they fail with the group. */
             *posts_tail = rest;
             rest = NULL;
-            int expected = UCS_OK;
-            atomic_compare_exchange_strong(&group->status, &expected,
-                                           (int)UCS_ERR_INVALID_PARAM);
+            ferry_ucx_group_fail(group, UCS_ERR_INVALID_PARAM);
         }
         group->slices = posts;
         if (puts > 0) /* eager writes complete by their acknowledgement, no flush */
