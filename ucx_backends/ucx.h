@@ -229,6 +229,7 @@ struct ferry_ucx_worker {
         int32_t status;
     } refusals[FERRY_UCX_REFUSALS_MAX];
     unsigned refusals_next;
+    atomic_uint refusals_kept; /* slots in use */
 };
 
 struct ferry_ucx {

@@ -337,38 +337,52 @@ static void send_ack(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status)
     ferry_ucx_am_send_header(reply_ep, FERRY_UCX_AM_WRITE_ACK, ack, sizeof(*ack));
 }
 
+/* The refusal kept for (reply_ep, id), or NULL; caller holds w->lock. */
+static struct ferry_ucx_refusal *refusal_find(ferry_ucx_worker_t *w, ucp_ep_h reply_ep,
+                                              uint64_t id)
+{
+    for (unsigned i = 0; i < FERRY_UCX_REFUSALS_MAX; i++)
+        if (w->refusals[i].reply_ep == reply_ep && w->refusals[i].id == id)
+            return &w->refusals[i];
+    return NULL;
+}
+
 /* A write that asks for no acknowledgement was refused: keep the refusal
- * for the run's last write.  The ring holds FERRY_UCX_REFUSALS_MAX runs; an
- * initiator that never finishes its runs (dead, or not ours) only pushes
- * the oldest out. */
+ * for the run's last write (the run's first refusal stands).  The ring
+ * holds FERRY_UCX_REFUSALS_MAX runs; an initiator that never finishes its
+ * runs (dead, or not ours) only pushes the oldest out. */
 static void refusal_keep(ferry_ucx_worker_t *w, ucp_ep_h reply_ep, uint64_t id,
                          ferry_status_t status)
 {
     pthread_mutex_lock(&w->lock);
-    for (unsigned i = 0; i < FERRY_UCX_REFUSALS_MAX; i++)
-        if (w->refusals[i].reply_ep == reply_ep && w->refusals[i].id == id) {
-            pthread_mutex_unlock(&w->lock); /* the run's first refusal stands */
-            return;
-        }
-    struct ferry_ucx_refusal *slot = &w->refusals[w->refusals_next++ % FERRY_UCX_REFUSALS_MAX];
-    if (slot->reply_ep != NULL)
-        ferry_warn("ucx: more than %u runs of eager writes with a refusal are waiting for "
-                   "their last write; the oldest is forgotten", FERRY_UCX_REFUSALS_MAX);
-    *slot = (struct ferry_ucx_refusal){reply_ep, id, (int32_t)status};
+    if (refusal_find(w, reply_ep, id) == NULL) {
+        struct ferry_ucx_refusal *slot =
+            &w->refusals[w->refusals_next++ % FERRY_UCX_REFUSALS_MAX];
+        if (slot->reply_ep != NULL)
+            ferry_warn("ucx: more than %u runs of eager writes with a refusal are waiting for "
+                       "their last write; the oldest is forgotten", FERRY_UCX_REFUSALS_MAX);
+        else
+            atomic_fetch_add(&w->refusals_kept, 1);
+        *slot = (struct ferry_ucx_refusal){reply_ep, id, (int32_t)status};
+    }
     pthread_mutex_unlock(&w->lock);
 }
 
-/* The run's last write: the refusal kept for it, if any, else FERRY_OK. */
+/* The run's last write: the refusal kept for it, if any, else FERRY_OK.
+ * Every submit's last write asks, and refusals are rare: no lock, no scan
+ * while none is kept. */
 static ferry_status_t refusal_take(ferry_ucx_worker_t *w, ucp_ep_h reply_ep, uint64_t id)
 {
+    if (atomic_load(&w->refusals_kept) == 0)
+        return FERRY_OK;
     ferry_status_t status = FERRY_OK;
     pthread_mutex_lock(&w->lock);
-    for (unsigned i = 0; i < FERRY_UCX_REFUSALS_MAX; i++)
-        if (w->refusals[i].reply_ep == reply_ep && w->refusals[i].id == id) {
-            status = (ferry_status_t)w->refusals[i].status;
-            w->refusals[i] = (struct ferry_ucx_refusal){0};
-            break;
-        }
+    struct ferry_ucx_refusal *kept = refusal_find(w, reply_ep, id);
+    if (kept != NULL) {
+        status = (ferry_status_t)kept->status;
+        *kept = (struct ferry_ucx_refusal){0};
+        atomic_fetch_sub(&w->refusals_kept, 1);
+    }
     pthread_mutex_unlock(&w->lock);
     return status;
 }
