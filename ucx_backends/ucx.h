@@ -61,11 +61,16 @@ enum {
 #define FERRY_UCX_LOCKED_COPY_MAX (16u * 1024u)
 /* A caller's ferry_ucx_progress polls a worker with nothing in flight and
  * only shared-memory endpoints every this many calls (see there). */
-#define FERRY_UCX_IDLE_POLL_EVERY 8u
+#define FERRY_UCX_IDLE_POLL_EVERY 64u
 /* A worker's thread parked while a caller posts (ferry_ucx_posting_begin)
  * looks at the worker at least this often: another caller's completions
  * may wait on it. */
 #define FERRY_UCX_PARK_MAX_MS 1u
+/* While callers poll a worker its thread naps, SPIN microseconds first and
+ * twice as long each time it finds them still polling, up to this: a
+ * caller that stops polling without going to sleep in ferry_batch_wait
+ * (which wakes the thread) leaves its requests to the thread this late. */
+#define FERRY_UCX_NAP_MAX_US 1000u
 /* A target remembers this many refused eager writes whose run's
  * acknowledgement has not come yet (ucx_eager.c). */
 #define FERRY_UCX_REFUSALS_MAX 64u
@@ -205,9 +210,12 @@ struct ferry_ucx_worker {
     atomic_uint_fast64_t last_activity_us; /* hybrid mode polls SPIN past this */
     atomic_uint_fast64_t caller_polls;     /* bumped by every caller's progress call */
     atomic_uint posting;                   /* callers posting to the worker (submit) */
+    atomic_int caller_left;                /* a polling caller went to sleep since the
+                                              thread last looked (ferry_ucx_progress_leave) */
     atomic_int parked;                     /* the thread waits on park_cond */
     pthread_mutex_t park_lock;
-    pthread_cond_t park_cond; /* CLOCK_MONOTONIC; signalled when posting drops to 0 */
+    pthread_cond_t park_cond; /* CLOCK_MONOTONIC; signalled when posting drops to 0
+                                 and when a polling caller leaves */
     atomic_uint busy;                      /* groups in flight: sweep deadlines */
     atomic_uint net_eps;                   /* listed endpoints whose messages go by network */
     atomic_uint closing;                   /* ucp_ep_close_nbx not completed */
@@ -276,6 +284,9 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx);
 /* The transport's progress op: the caller's thread progresses every worker
  * that has requests of ours in flight. */
 unsigned ferry_ucx_progress(void *ctx);
+/* The transport's progress_leave op: a caller that polled is going to
+ * sleep; napping threads take over now. */
+void ferry_ucx_progress_leave(void *ctx);
 /* Around a caller's posts to a worker: its thread stays off the worker
  * meanwhile and is back on it when the last poster is done. */
 void ferry_ucx_posting_begin(ferry_ucx_worker_t *w);
@@ -311,15 +322,16 @@ int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice);
  * messages in order (ep->am_ordered) they share one acknowledgement, which
  * the last asks for; elsewhere each asks for its own. */
 typedef struct ferry_ucx_eager_run {
-    void *slots;      /* a header slot per eager write and one spare: the group's payload */
-    int slots_given;  /* group->payload holds them */
+    void *slots;      /* a header slot per eager write and one spare, made at the
+                         first post (a submit of copies into attached memory
+                         needs none): the group's payload */
     size_t used;      /* slots used */
     size_t left;      /* eager slices of the submit not posted yet */
     uint64_t open_id; /* the acknowledgement the writes posted so far wait for; 0: none */
 } ferry_ucx_eager_run_t;
-/* Count the submit's eager slices and make their slots. */
-ferry_status_t ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
-                                        const ferry_slice_t *slices);
+/* Count the submit's eager slices. */
+void ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
+                              const ferry_slice_t *slices);
 /* Send the slice as an eager write of the group; caller holds ep->lock. */
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
                                   const ferry_slice_t *slice);

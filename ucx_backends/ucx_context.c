@@ -16,6 +16,7 @@
  *     polling window; an idle engine costs no CPU; on a 2-core host two
  *     engines do not starve each other.  While a caller polls the worker
  *     (ferry_batch_wait's spin, ferry_engine_progress) the thread naps,
+ *     longer each time, until the caller goes to sleep (progress_leave),
  *     and while a caller posts to it (submit) the thread is parked until
  *     the posting ends: a second user would only contend for the worker
  *     and for a core.
@@ -179,8 +180,10 @@ unsigned ferry_ucx_progress(void *ctx)
      * shared memory polls the worker on every FERRY_UCX_IDLE_POLL_EVERY-th
      * call only: a multi-threaded worker's progress takes its lock, and
      * while the caller is inside it the write it waits for goes unseen
-     * (measured: the 8 B ping-pong's half round trip 0.221 -> 0.213 us).
-     * A message meanwhile waits a few calls.  With network endpoints every
+     * (measured: the 8 B ping-pong's half round trip 0.221 -> 0.213 us
+     * polling every 8th call, 0.220 -> 0.212 us every 64th instead of every
+     * 8th, medians of 7).  A message meanwhile waits some 64 calls of a
+     * few nanoseconds each.  With network endpoints every
      * call polls: there progress is what receives the write (skipping
      * measured 9.9 -> 10.6 us over tcp). */
     for (unsigned i = 0; i < ucx->n_workers; i++) {
@@ -201,6 +204,13 @@ unsigned ferry_ucx_progress(void *ctx)
     return events;
 }
 
+static void unpark(ferry_ucx_worker_t *w)
+{
+    pthread_mutex_lock(&w->park_lock);
+    pthread_cond_signal(&w->park_cond);
+    pthread_mutex_unlock(&w->park_lock);
+}
+
 void ferry_ucx_posting_begin(ferry_ucx_worker_t *w)
 {
     atomic_fetch_add(&w->posting, 1);
@@ -211,31 +221,55 @@ void ferry_ucx_posting_end(ferry_ucx_worker_t *w)
     /* Both sides are sequentially consistent: either the thread sees
      * posting at 0 before it waits, or we see it parked and signal under
      * its lock, which it holds until it waits. */
-    if (atomic_fetch_sub(&w->posting, 1) == 1 && atomic_load(&w->parked)) {
-        pthread_mutex_lock(&w->park_lock);
-        pthread_cond_signal(&w->park_cond);
-        pthread_mutex_unlock(&w->park_lock);
+    if (atomic_fetch_sub(&w->posting, 1) == 1 && atomic_load(&w->parked))
+        unpark(w);
+}
+
+void ferry_ucx_progress_leave(void *ctx)
+{
+    ferry_ucx_t *ucx = ctx;
+    for (unsigned i = 0; i < ucx->n_workers; i++) {
+        ferry_ucx_worker_t *w = &ucx->workers[i];
+        atomic_store(&w->caller_left, 1); /* the same handshake as posting_end's */
+        if (atomic_load(&w->parked))
+            unpark(w);
     }
 }
 
-/* While a caller posts, the thread waits, woken when the posting ends (or
- * after FERRY_UCX_PARK_MAX_MS: posters that never stop must not keep the
- * others' completions waiting).  A thread that polled, or napped and woke
- * to look, would take the poster's core on a small host: over tcp the
- * caller's inline sends are most of a large write's work (1 MiB writes:
- * 14,000 context switches of the caller per 2 s with a napping thread, and
- * 2.2 -> 1.8 GB/s). */
-static void park_while_posting(ferry_ucx_worker_t *w)
+/* Why the thread parks: a caller posts to the worker (until the posting
+ * ends), or callers poll it (until one leaves or the nap is over). */
+typedef enum park_reason { PARK_POSTING, PARK_CALLER_POLLS } park_reason_t;
+
+static int park_over(ferry_ucx_worker_t *w, park_reason_t reason)
+{
+    return atomic_load(&w->stop) ||
+           (reason == PARK_POSTING ? atomic_load(&w->posting) == 0 : atomic_load(&w->caller_left));
+}
+
+/* Wait on park_cond for the reason's end, at most timeout_us.  Returns
+ * whether a polling caller left meanwhile (and forgets that it did).
+ *
+ * While a caller posts, a thread that polled, or napped and woke to look,
+ * would take the poster's core on a small host: over tcp the caller's
+ * inline sends are most of a large write's work (1 MiB writes: 14,000
+ * context switches of the caller per 2 s with a napping thread, and
+ * 2.2 -> 1.8 GB/s).  The bound (FERRY_UCX_PARK_MAX_MS) is for posters that
+ * never stop: the others' completions must not wait on them.
+ * While callers poll, every wakeup to look takes a core from a poller
+ * (FERRY_UCX_NAP_MAX_US). */
+static int park(ferry_ucx_worker_t *w, park_reason_t reason, uint64_t timeout_us)
 {
     struct timespec until;
-    ferry_deadline_after_ms(&until, CLOCK_MONOTONIC, FERRY_UCX_PARK_MAX_MS);
+    ferry_deadline_after_us(&until, CLOCK_MONOTONIC, timeout_us);
     pthread_mutex_lock(&w->park_lock);
     atomic_store(&w->parked, 1);
     int rc = 0;
-    while (atomic_load(&w->posting) > 0 && !atomic_load(&w->stop) && rc != ETIMEDOUT)
+    while (!park_over(w, reason) && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&w->park_cond, &w->park_lock, &until);
     atomic_store(&w->parked, 0);
+    int left = atomic_exchange(&w->caller_left, 0);
     pthread_mutex_unlock(&w->park_lock);
+    return left;
 }
 
 static void *progress_main(void *arg)
@@ -248,6 +282,7 @@ static void *progress_main(void *arg)
     const unsigned tick_ms = timeout ? FERRY_UCX_MAX(timeout / 4, 1u) : 1000u;
     uint64_t next_sweep = ferry_ucx_time_ms() + tick_ms;
     uint64_t polls_seen = atomic_load(&w->caller_polls);
+    uint64_t nap_us = 0; /* the last nap while callers polled, 0 when they did not */
 
     while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
         /* While a caller posts to the worker or polls it (ferry_batch_wait's
@@ -255,8 +290,9 @@ static void *progress_main(void *arg)
          * of one worker only contend for its lock, and on a small host
          * they take the core the peer's poller needs. */
         if (mode != FERRY_UCX_PROGRESS_POLL &&
-            atomic_load_explicit(&w->posting, memory_order_relaxed) > 0)
-            park_while_posting(w);
+            atomic_load_explicit(&w->posting, memory_order_relaxed) > 0 &&
+            park(w, PARK_POSTING, FERRY_UCX_PARK_MAX_MS * 1000u))
+            polls_seen = atomic_load(&w->caller_polls); /* a caller left: look now */
         uint64_t polls = atomic_load_explicit(&w->caller_polls, memory_order_relaxed);
         int caller_polls = mode != FERRY_UCX_PROGRESS_POLL && polls != polls_seen;
         polls_seen = polls;
@@ -276,12 +312,18 @@ static void *progress_main(void *arg)
         if (mode == FERRY_UCX_PROGRESS_POLL)
             continue;
         if (caller_polls) {
-            /* Nap unarmed (the events the caller handles do not wake us)
-             * and look again after SPIN. */
-            struct timespec nap = {0, (long)spin_us * 1000};
-            nanosleep(&nap, NULL);
+            /* Nap unarmed (the events the caller handles do not wake us),
+             * longer each time the caller is still at it, and look again
+             * when it leaves (ferry_ucx_progress_leave) or the nap is over.
+             * Napping SPIN each time woke both of a ping-pong's threads
+             * 20,000 times a second, each taking a poller's core. */
+            nap_us = nap_us ? FERRY_UCX_MIN(nap_us * 2, FERRY_UCX_NAP_MAX_US)
+                            : FERRY_UCX_MAX(spin_us, 1u);
+            if (park(w, PARK_CALLER_POLLS, nap_us))
+                polls_seen = atomic_load(&w->caller_polls);
             continue;
         }
+        nap_us = 0;
         if (mode == FERRY_UCX_PROGRESS_HYBRID &&
             (atomic_load_explicit(&w->busy, memory_order_relaxed) > 0 ||
              ferry_ucx_since(atomic_load_explicit(&w->last_activity_us, memory_order_relaxed),
@@ -448,6 +490,7 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx)
             continue;
         atomic_store(&w->stop, 1);
         ucp_worker_signal(w->worker);
+        unpark(w);
         pthread_join(w->thread, NULL);
         w->thread_started = 0;
     }

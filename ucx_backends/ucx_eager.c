@@ -192,15 +192,12 @@ int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice)
            slice->length <= ep->ucx->settings.eager_write;
 }
 
-ferry_status_t ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
-                                        const ferry_slice_t *slices)
+void ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
+                              const ferry_slice_t *slices)
 {
     *run = (ferry_ucx_eager_run_t){0};
     for (const ferry_slice_t *s = slices; ep->rma_emulated && s != NULL; s = s->next)
         run->left += ferry_ucx_eager_fits(ep, s);
-    if (run->left > 0 && (run->slots = malloc((run->left + 1) * sizeof(eager_slot_t))) == NULL)
-        return FERRY_ERR_NO_MEMORY;
-    return FERRY_OK;
 }
 
 /* A new acknowledgement in the worker's table; 0 if out of memory. */
@@ -259,9 +256,12 @@ static ucs_status_t eager_send(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *gr
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
                                   const ferry_slice_t *slice)
 {
-    if (!run->slots_given) {
+    if (run->slots == NULL) {
+        if ((run->slots = malloc((run->left + 1) * sizeof(eager_slot_t))) == NULL) {
+            ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY);
+            return UCS_ERR_NO_MEMORY;
+        }
         group->payload = run->slots; /* headers and pack states outlive the sends */
-        run->slots_given = 1;
     }
     if (run->open_id == 0 && (run->open_id = ack_expect(group)) == 0) {
         ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY); /* the slice fails with the group */
@@ -274,9 +274,7 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t 
 
 void ferry_ucx_eager_run_end(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group)
 {
-    if (!run->slots_given)
-        free(run->slots);
-    else if (run->open_id != 0) /* an error stopped the run before its last write */
+    if (run->open_id != 0) /* an error stopped the run before its last write */
         eager_send(run, group, 0, NULL, 0, 1);
 }
 

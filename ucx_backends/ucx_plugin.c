@@ -230,6 +230,7 @@ static const ferry_transport_ops_t ucx_ops = {
     .progress = ferry_ucx_progress,
     .mem_alloc = ferry_ucx_mem_alloc,
     .peer_changed = ferry_ucx_peer_changed,
+    .progress_leave = ferry_ucx_progress_leave,
 };
 
 static const ferry_plugin_t ucx_plugin = {

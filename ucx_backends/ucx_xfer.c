@@ -394,15 +394,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         pthread_mutex_lock(&ep->lock);
     }
     ferry_ucx_worker_t *worker = ep->worker;
-    ferry_ucx_eager_run_t eager;
-    result = ep->closed || atomic_load(&ep->failed) != 0 ? FERRY_ERR_PEER_FAILED
-                                                         : ferry_ucx_eager_run_init(&eager, ep, slices);
-    if (result != FERRY_OK) {
+    if (ep->closed || atomic_load(&ep->failed) != 0) {
         pthread_mutex_unlock(&ep->lock);
         if (ref)
             ferry_ucx_ep_unref(ep);
-        return result;
+        return FERRY_ERR_PEER_FAILED;
     }
+    ferry_ucx_eager_run_t eager;
+    ferry_ucx_eager_run_init(&eager, ep, slices);
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
         atomic_load(&ep->outstanding) == 0) {
         /* Nothing in flight uses one (copies into attached memory count as

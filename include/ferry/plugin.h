@@ -117,6 +117,9 @@ FERRY_API void ferry_copy_many(const ferry_copy_item_t *items, size_t count);
  * deadline pthread_cond_timedwait takes. */
 FERRY_API void ferry_deadline_after_ms(struct timespec *deadline_p, int clock,
                                        unsigned timeout_ms);
+/* The same, timeout_us microseconds from now. */
+FERRY_API void ferry_deadline_after_us(struct timespec *deadline_p, int clock,
+                                       uint64_t timeout_us);
 
 /* ---- memory locations ---- */
 
@@ -228,6 +231,10 @@ typedef struct ferry_transport_ops {
      * us): drop what is cached per buffer (unpacked keys, attachments) once
      * no request uses it; connections stay. */
     void (*peer_changed)(void *ctx, const ferry_peer_t *peer);
+    /* Optional: the caller that drove progress is about to sleep
+     * (ferry_batch_wait, after its spin): a transport whose own thread
+     * keeps off while callers poll takes over now, not at its next look. */
+    void (*progress_leave)(void *ctx);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

@@ -596,6 +596,7 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
         struct timespec deadline;
         if (timeout_ms >= 0)
             ferry_deadline_after_ms(&deadline, CLOCK_REALTIME, (unsigned)timeout_ms);
+        ferry_engine_progress_leave(batch->engine);
         pthread_mutex_lock(&batch->lock);
         /* Count ourselves before looking at pending: a finisher either sees
          * us (and wakes us) or we see its pending == 0 (batch_wake). */

@@ -273,6 +273,9 @@ ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);
 /* The index of the enabled transport of that name, or -1. */
 int ferry_engine_transport_index(const ferry_engine_t *engine, const char *name);
 void ferry_engine_free(ferry_engine_t *engine);
+/* The caller stops driving the transports' progress (it goes to sleep):
+ * their threads take over now. */
+void ferry_engine_progress_leave(ferry_engine_t *engine);
 
 /* engine_register.c */
 /* Build the descriptor from the registry and publish it. Caller holds register_lock. */

@@ -441,6 +441,13 @@ unsigned ferry_engine_progress(ferry_engine_h handle)
     return events;
 }
 
+void ferry_engine_progress_leave(ferry_engine_t *engine)
+{
+    for (size_t i = 0; i < engine->n_progress; i++)
+        if (FERRY_TRANSPORT_OPS_HAS(engine->progress[i]->ops, progress_leave))
+            engine->progress[i]->ops->progress_leave(engine->progress[i]->ctx);
+}
+
 const char *ferry_engine_segment_name(ferry_engine_h handle)
 {
     ferry_engine_t *engine = ferry_engine_lookup(handle);

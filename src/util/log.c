@@ -51,15 +51,20 @@ uint64_t ferry_time_us(void)
     return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
 }
 
-void ferry_deadline_after_ms(struct timespec *deadline_p, int clock, unsigned timeout_ms)
+void ferry_deadline_after_us(struct timespec *deadline_p, int clock, uint64_t timeout_us)
 {
     clock_gettime((clockid_t)clock, deadline_p);
-    deadline_p->tv_sec += timeout_ms / 1000;
-    deadline_p->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    deadline_p->tv_sec += (time_t)(timeout_us / 1000000u);
+    deadline_p->tv_nsec += (long)(timeout_us % 1000000u) * 1000L;
     if (deadline_p->tv_nsec >= 1000000000L) {
         deadline_p->tv_sec++;
         deadline_p->tv_nsec -= 1000000000L;
     }
+}
+
+void ferry_deadline_after_ms(struct timespec *deadline_p, int clock, unsigned timeout_ms)
+{
+    ferry_deadline_after_us(deadline_p, clock, (uint64_t)timeout_ms * 1000u);
 }
 
 uint64_t ferry_time_ms(void)
