@@ -453,6 +453,66 @@ Test(ucx, restarted_peer_is_reached_again)
     peer_stop(&second);
 }
 
+/* A write of length bytes at the peer's arena through batch, waited for. */
+static ferry_status_t batch_write(ferry_batch_h batch, ferry_segment_h segment,
+                                  const peer_process_t *peer, size_t length)
+{
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = peer->arena, .length = length};
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    return status == FERRY_OK ? ferry_batch_wait(batch, 10000) : status;
+}
+
+/* A batch keeps the connection of its last submit for the next one: it
+ * must follow the batch to another peer and back, notice its peer's death
+ * (attached memory included, where a write would "succeed"), and reach the
+ * peer's next incarnation; the other peer is not disturbed meanwhile. */
+Test(ucx, one_batch_follows_its_peers_across_a_death_and_a_restart)
+{
+    start("sm,self", "ucx");
+    static const char *const alloc_env[] = {"FERRY_TEST_PEER_ALLOC=1", NULL};
+    peer_process_t attached, plain, again;
+    ferry_segment_h to_attached, to_plain;
+    cr_assert_eq(peer_start(&attached, alloc_env), 0);
+    cr_assert_eq(peer_start(&plain, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&plain, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, attached.name, &to_attached), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, plain.name, &to_plain), FERRY_OK);
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    for (unsigned round = 1; round <= 4; round++) {
+        test_pattern_fill(local, 64, round);
+        cr_assert_eq(batch_write(batch, to_attached, &attached, 64), FERRY_OK);
+        cr_assert_eq(batch_write(batch, to_attached, &attached, 64), FERRY_OK); /* cached */
+        cr_assert_str_eq(peer_cmd(&attached, "check 0 64 %u", round), "OK");
+        cr_assert_eq(batch_write(batch, to_plain, &plain, 64), FERRY_OK);
+        cr_assert_str_eq(peer_cmd(&plain, "check 0 64 %u", round), "OK");
+    }
+
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&attached));
+    peer_kill(&attached, SIGKILL);
+    usleep(100 * 1000); /* past the liveness look's interval (FERRY_UCX_LIVENESS_MS) */
+    test_pattern_fill(local, 64, 9);
+    cr_assert_neq(batch_write(batch, to_attached, &attached, 64), FERRY_OK,
+                  "a write to a dead peer's attached memory completed");
+    cr_assert_eq(batch_write(batch, to_plain, &plain, 64), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&plain, "check 0 64 9"), "OK");
+
+    const char *env[] = {address, alloc_env[0], NULL};
+    cr_assert_eq(peer_start(&again, env), 0);
+    cr_assert_str_eq(again.name, attached.name);
+    test_pattern_fill(local, 64, 10);
+    cr_assert_eq(batch_write(batch, to_attached, &again, 64), FERRY_OK);
+    cr_assert_eq(batch_write(batch, to_attached, &again, 64), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&again, "check 0 64 10"), "OK");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    ferry_segment_close(engine, to_attached);
+    ferry_segment_close(engine, to_plain);
+    peer_stop(&again);
+    peer_stop(&plain);
+}
+
 /* UCX 1.13 leaves posix/sysv shared memory out of endpoints with peer error
  * handling unless UCX_{POSIX,SYSV}_ERROR_HANDLING=y; the plugin turns them
  * on.  FERRY_UCX_SAME_HOST_SHM=require makes ucx refuse a same-host endpoint

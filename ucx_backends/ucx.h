@@ -354,12 +354,16 @@ void ferry_ucx_eager_fini(ferry_ucx_worker_t *w);
 ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
                                 ferry_ucx_ep_t **ep_p);
 void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep);
-/* The last endpoint looked up, if it is the peer's, ready, checked for
- * liveness lately and its lock free: returned with ep->lock held and no
- * reference (the final unref closes it under that lock, so it lives until
- * the caller unlocks; the caller must not touch it after).  NULL: use
- * ferry_ucx_ep_get. */
-ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *peer);
+/* The endpoint the submitting batch's last submit went to (peer->cache),
+ * if it is the peer's, not failed or closed and checked for liveness
+ * lately: returned with ep->lock held.  The cache's reference keeps it
+ * alive through the submit (the slot is the caller's alone meanwhile).
+ * NULL: use ferry_ucx_ep_get, then ferry_ucx_ep_cache. */
+ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer);
+/* Keep ep (referenced) in peer->cache, if there is a slot. */
+void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep);
+/* The transport's peer_cache_release op. */
+void ferry_ucx_peer_cache_release(void *ctx, void *cached);
 /* Mark failed (first status wins) and have the worker's thread close it. */
 void ferry_ucx_ep_fail(ferry_ucx_ep_t *ep, ferry_status_t why, const char *what);
 /* Close the ucp endpoint now, cancelling what is in flight. */

@@ -466,20 +466,56 @@ static int liveness_due(ferry_ucx_ep_t *ep, uint64_t now)
            ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS;
 }
 
-ferry_ucx_ep_t *ferry_ucx_ep_lock_recent(ferry_ucx_t *ucx, const ferry_peer_t *peer)
+/* What a batch keeps in its cache slot (ferry_peer_t.cache): the endpoint
+ * its last submit went to, with a reference, and the endpoint string (the
+ * descriptor's, by address) it was found by. */
+typedef struct peer_cache {
+    ferry_ucx_ep_t *ep;
+    const char *endpoint;
+} peer_cache_t;
+
+ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer)
 {
-    if (peer == NULL || peer->endpoint == NULL)
+    peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
+    /* The same string (by address) with the same generation is the same
+     * incarnation's endpoint: generations are random per incarnation. */
+    if (cache == NULL || cache->endpoint != peer->endpoint ||
+        cache->ep->generation != peer->generation)
         return NULL;
-    pthread_mutex_lock(&ucx->lock);
-    /* In the memo means in the table, whose reference keeps it alive while
-     * we hold the table's lock. */
-    ferry_ucx_ep_t *ep = ucx->memo_ep;
-    if (ep == NULL || ucx->memo_endpoint != peer->endpoint ||
-        ep->generation != peer->generation || ep->state != FERRY_UCX_EP_READY ||
-        liveness_due(ep, ferry_ucx_time_ms()) || pthread_mutex_trylock(&ep->lock) != 0)
-        ep = NULL;
-    pthread_mutex_unlock(&ucx->lock);
+    ferry_ucx_ep_t *ep = cache->ep;
+    pthread_mutex_lock(&ep->lock);
+    /* Failing, forgetting and closing all set these; the liveness look and
+     * saying "failed" once are ferry_ucx_ep_get's. */
+    if (ep->closed || atomic_load(&ep->failed) != 0 || liveness_due(ep, ferry_ucx_time_ms())) {
+        pthread_mutex_unlock(&ep->lock);
+        return NULL;
+    }
     return ep;
+}
+
+void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep)
+{
+    if (peer->cache == NULL)
+        return;
+    peer_cache_t *cache = *peer->cache;
+    if (cache == NULL && (cache = *peer->cache = calloc(1, sizeof(*cache))) == NULL)
+        return; /* the next submit looks it up again */
+    if (cache->ep != ep) {
+        atomic_fetch_add(&ep->refs, 1);
+        if (cache->ep != NULL)
+            ferry_ucx_ep_unref(cache->ep);
+        cache->ep = ep;
+    }
+    cache->endpoint = peer->endpoint;
+}
+
+void ferry_ucx_peer_cache_release(void *ctx, void *cached)
+{
+    (void)ctx;
+    peer_cache_t *cache = cached;
+    if (cache->ep != NULL)
+        ferry_ucx_ep_unref(cache->ep);
+    free(cache);
 }
 
 ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,

@@ -231,6 +231,7 @@ static const ferry_transport_ops_t ucx_ops = {
     .mem_alloc = ferry_ucx_mem_alloc,
     .peer_changed = ferry_ucx_peer_changed,
     .progress_leave = ferry_ucx_progress_leave,
+    .peer_cache_release = ferry_ucx_peer_cache_release,
 };
 
 static const ferry_plugin_t ucx_plugin = {

@@ -372,25 +372,19 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_t *ucx = ctx;
     if (slices == NULL)
         return FERRY_ERR_INVALID_PARAM;
-    size_t bytes = 0;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next)
         if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
             (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
             return FERRY_ERR_INVALID_PARAM;
-        bytes += s->length;
-    }
-    /* A small submit to the peer of the last one (a ping-pong's every
-     * write) takes no reference on the endpoint: its lock, taken while the
-     * table's still keeps it alive, does (nothing below touches ep after
-     * unlocking it then: any copy runs under the lock, a group holds its
-     * own reference). */
-    ferry_ucx_ep_t *ep = bytes <= FERRY_UCX_LOCKED_COPY_MAX ? ferry_ucx_ep_lock_recent(ucx, peer)
-                                                             : NULL;
+    /* A batch's submit to the peer of its last one (a ping-pong's every
+     * write) looks nothing up and takes no reference: its cache holds one. */
+    ferry_ucx_ep_t *ep = ferry_ucx_ep_lock_cached(peer);
     int ref = ep == NULL;
     ferry_status_t result = FERRY_OK;
     if (ref) {
         if ((result = ferry_ucx_ep_get(ucx, peer, &ep)) != FERRY_OK)
             return result;
+        ferry_ucx_ep_cache(peer, ep);
         pthread_mutex_lock(&ep->lock);
     }
     ferry_ucx_worker_t *worker = ep->worker;

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define FERRY_PLUGIN_ABI_VERSION 1
+#define FERRY_PLUGIN_ABI_VERSION 2
 #define FERRY_PLUGIN_ENTRY_SYMBOL "ferry_plugin_entry"
 
 /* ---- logging (exported so modules log like the core) ---- */
@@ -141,6 +141,12 @@ typedef struct ferry_peer {
     const char *endpoint;  /* this transport's endpoint string from the descriptor */
     const char *rpc;       /* the peer's RPC host:port */
     int same_host;         /* host identities are equal */
+    /* In submit, or NULL: a slot of the submitting batch's own for this
+     * transport, that nobody else touches during the submit.  The
+     * transport may keep one object there for the batch's next submits
+     * (a connection looked up, with its reference); the engine hands it to
+     * peer_cache_release when the batch goes. */
+    void **cache;
 } ferry_peer_t;
 
 typedef struct ferry_slice ferry_slice_t;
@@ -235,6 +241,9 @@ typedef struct ferry_transport_ops {
      * (ferry_batch_wait, after its spin): a transport whose own thread
      * keeps off while callers poll takes over now, not at its next look. */
     void (*progress_leave)(void *ctx);
+    /* Optional: release what submit kept in a ferry_peer_t's cache slot
+     * (called before destroy).  Without it, submit gets no slot. */
+    void (*peer_cache_release)(void *ctx, void *cached);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

@@ -60,6 +60,9 @@ struct ferry_batch {
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */
     ferry_reg_entry_t *kept_entry;
+    /* submit_lock: what each transport keeps for this batch's next submit
+     * (ferry_peer_t.cache), released through peer_cache_release. */
+    void *peer_caches[FERRY_MAX_TRANSPORTS];
     struct ferry_batch *next;   /* engine->batches_lock */
 };
 
@@ -343,6 +346,8 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
     ferry_transport_instance_t *tp = &engine->transports[reqs[0].transport];
     ferry_peer_t peer;
     ferry_engine_make_peer(engine, reqs[0].desc, reqs[0].desc_transport, &peer);
+    if (FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_cache_release))
+        peer.cache = &reqs[0].batch->peer_caches[reqs[0].transport];
     ferry_status_t status = tp->ops->submit(tp->ctx, &peer, reqs[0].slices);
     if (status == FERRY_OK)
         atomic_fetch_add(&tp->requests_served, n);
@@ -690,6 +695,19 @@ static void batch_free(ferry_batch_t *batch)
     free(batch);
 }
 
+/* What the transports keep for the batch goes back to them (while they
+ * still run). */
+static void peer_caches_release(ferry_batch_t *batch)
+{
+    ferry_engine_t *engine = batch->engine;
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        if (batch->peer_caches[i] != NULL)
+            engine->transports[i].ops->peer_cache_release(engine->transports[i].ctx,
+                                                          batch->peer_caches[i]);
+        batch->peer_caches[i] = NULL;
+    }
+}
+
 ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
 {
     ferry_batch_t *batch = batch_lookup(handle);
@@ -709,6 +727,7 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
         }
     }
     pthread_mutex_unlock(&engine->batches_lock);
+    peer_caches_release(batch);
     batch_free(batch);
     return FERRY_OK;
 }
@@ -720,6 +739,17 @@ void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *e
         pthread_mutex_lock(&batch->submit_lock);
         if (batch->kept_entry == entry)
             batch->kept_entry = NULL;
+        pthread_mutex_unlock(&batch->submit_lock);
+    }
+    pthread_mutex_unlock(&engine->batches_lock);
+}
+
+void ferry_batch_release_peer_caches(ferry_engine_t *engine)
+{
+    pthread_mutex_lock(&engine->batches_lock);
+    for (ferry_batch_t *batch = engine->batches; batch != NULL; batch = batch->next) {
+        pthread_mutex_lock(&batch->submit_lock);
+        peer_caches_release(batch);
         pthread_mutex_unlock(&batch->submit_lock);
     }
     pthread_mutex_unlock(&engine->batches_lock);

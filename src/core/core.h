@@ -323,6 +323,8 @@ void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *
 /* The peer unregistered memory: transports drop their per-buffer caches. */
 void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
+/* Before the transports go: what they keep for each batch goes back. */
+void ferry_batch_release_peer_caches(ferry_engine_t *engine);
 void ferry_batch_free_all(ferry_engine_t *engine);
 /* An unregistered entry is going: no batch may keep pointing at it. */
 void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *entry);

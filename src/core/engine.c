@@ -389,6 +389,7 @@ void ferry_engine_free(ferry_engine_t *engine)
     if (engine->rpc_server)
         ferry_rpc_server_stop(engine->rpc_server);
     ferry_engine_deregister_all(engine);
+    ferry_batch_release_peer_caches(engine);
     for (size_t i = 0; i < engine->n_transports; i++) {
         engine->transports[i].ops->destroy(engine->transports[i].ctx);
         free(engine->transports[i].address);

@@ -20,6 +20,7 @@ void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor
     peer->endpoint = desc_transport >= 0 ? desc->transports[desc_transport].endpoint : "";
     peer->rpc = desc->rpc;
     peer->same_host = ferry_engine_same_host(engine, desc);
+    peer->cache = NULL;
 }
 
 /* Tell every transport the peer has an endpoint for: forget it (changed 0)
