@@ -212,7 +212,8 @@ struct ferry_ucx_worker {
     atomic_uint posting;                   /* callers posting to the worker (submit) */
     atomic_int caller_left;                /* a polling caller went to sleep since the
                                               thread last looked (ferry_ucx_progress_leave) */
-    atomic_int parked;                     /* the thread waits on park_cond */
+    atomic_int parked;                     /* the thread waits on park_cond: why
+                                              (ucx_context.c), 0 if it does not */
     pthread_mutex_t park_lock;
     pthread_cond_t park_cond; /* CLOCK_MONOTONIC; signalled when posting drops to 0
                                  and when a polling caller leaves */

@@ -204,6 +204,13 @@ unsigned ferry_ucx_progress(void *ctx)
     return events;
 }
 
+/* Why the thread parks (w->parked): a caller posts to the worker (until
+ * the posting ends), or callers poll it (until one leaves or the nap is
+ * over).  Each waker signals only a thread parked for its reason: a
+ * submit's posting_end signalling a napping thread woke it for nothing,
+ * two system calls per submit (8 B tcp writes 12.6 -> 22 us). */
+typedef enum park_reason { PARK_NONE, PARK_POSTING, PARK_CALLER_POLLS } park_reason_t;
+
 static void unpark(ferry_ucx_worker_t *w)
 {
     pthread_mutex_lock(&w->park_lock);
@@ -221,7 +228,7 @@ void ferry_ucx_posting_end(ferry_ucx_worker_t *w)
     /* Both sides are sequentially consistent: either the thread sees
      * posting at 0 before it waits, or we see it parked and signal under
      * its lock, which it holds until it waits. */
-    if (atomic_fetch_sub(&w->posting, 1) == 1 && atomic_load(&w->parked))
+    if (atomic_fetch_sub(&w->posting, 1) == 1 && atomic_load(&w->parked) == PARK_POSTING)
         unpark(w);
 }
 
@@ -231,14 +238,10 @@ void ferry_ucx_progress_leave(void *ctx)
     for (unsigned i = 0; i < ucx->n_workers; i++) {
         ferry_ucx_worker_t *w = &ucx->workers[i];
         atomic_store(&w->caller_left, 1); /* the same handshake as posting_end's */
-        if (atomic_load(&w->parked))
+        if (atomic_load(&w->parked) == PARK_CALLER_POLLS)
             unpark(w);
     }
 }
-
-/* Why the thread parks: a caller posts to the worker (until the posting
- * ends), or callers poll it (until one leaves or the nap is over). */
-typedef enum park_reason { PARK_POSTING, PARK_CALLER_POLLS } park_reason_t;
 
 static int park_over(ferry_ucx_worker_t *w, park_reason_t reason)
 {
@@ -262,11 +265,11 @@ static int park(ferry_ucx_worker_t *w, park_reason_t reason, uint64_t timeout_us
     struct timespec until;
     ferry_deadline_after_us(&until, CLOCK_MONOTONIC, timeout_us);
     pthread_mutex_lock(&w->park_lock);
-    atomic_store(&w->parked, 1);
+    atomic_store(&w->parked, (int)reason);
     int rc = 0;
     while (!park_over(w, reason) && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&w->park_cond, &w->park_lock, &until);
-    atomic_store(&w->parked, 0);
+    atomic_store(&w->parked, PARK_NONE);
     int left = atomic_exchange(&w->caller_left, 0);
     pthread_mutex_unlock(&w->park_lock);
     return left;
