@@ -513,6 +513,77 @@ Test(ucx, one_batch_follows_its_peers_across_a_death_and_a_restart)
     peer_stop(&plain);
 }
 
+/* Write an 8-byte counter, the same request again and again through one
+ * batch (the repeat and short paths), then read it back with a batch of its
+ * own; returns the status of the first write that failed, else FERRY_OK. */
+static ferry_status_t repeat_counter(ferry_batch_h batch, ferry_segment_h segment,
+                                     uint64_t remote, uint64_t first, unsigned times)
+{
+    uint64_t *counter = (uint64_t *)local;
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = counter, .target = segment,
+                           .target_offset = remote, .length = sizeof(*counter)};
+    for (unsigned i = 0; i < times; i++) {
+        *counter = first + i;
+        ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+        if (status == FERRY_OK)
+            status = ferry_batch_wait(batch, 10000);
+        if (status != FERRY_OK)
+            return status;
+    }
+    uint64_t *back = (uint64_t *)(local + 4096);
+    *back = 0;
+    ferry_status_t status = transfer(FERRY_OP_READ, back, segment, remote, sizeof(*back), "ucx");
+    if (status == FERRY_OK)
+        cr_assert_eq(*back, first + times - 1, "the last write did not land");
+    return status;
+}
+
+/* A batch whose every round is the previous one again skips resolving it
+ * (ucx: and the key lookup): the target's unregistering, freeing and
+ * allocating again must each be seen by the very next round. */
+Test(ucx, a_request_repeated_through_one_batch_follows_the_targets_buffers)
+{
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    ferry_batch_h batch;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, MIB, "cpu", 0), FERRY_OK);
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+
+    /* Registered memory (ucp puts), then gone, then back. */
+    cr_assert_eq(repeat_counter(batch, segment, peer.arena + 64, 100, 50), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "unreg 0"), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum 0 %zu", MIB));
+    cr_assert_eq(repeat_counter(batch, segment, peer.arena + 64, 200, 1), FERRY_ERR_OUT_OF_RANGE,
+                 "a repeated write reached an unregistered buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "sum 0 %zu", MIB), before, "unregistered memory changed");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(repeat_counter(batch, segment, peer.arena + 64, 300, 50), FERRY_OK);
+
+    /* Attached memory (ferry_alloc: plain stores), freed, allocated again:
+     * where the new buffer lands where the old one was, the write must go
+     * to the new one. */
+    uintptr_t first, second;
+    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 64 * (size_t)1024), "ALLOC %lx", &first), 1);
+    cr_assert_eq(repeat_counter(batch, segment, first + 8, 400, 50), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "free 0x%lx", (unsigned long)first), "OK");
+    cr_assert_eq(repeat_counter(batch, segment, first + 8, 500, 1), FERRY_ERR_OUT_OF_RANGE,
+                 "a repeated write reached a freed buffer");
+    cr_assert_eq(sscanf(peer_cmd(&peer, "alloc %zu", 64 * (size_t)1024), "ALLOC %lx", &second), 1);
+    cr_assert_eq(repeat_counter(batch, segment, second + 8, 600, 50), FERRY_OK);
+    cr_assert_eq(repeat_counter(batch, segment, first + 8, 700, 1),
+                 second == first ? FERRY_OK : FERRY_ERR_OUT_OF_RANGE);
+
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
 /* UCX 1.13 leaves posix/sysv shared memory out of endpoints with peer error
  * handling unless UCX_{POSIX,SYSV}_ERROR_HANDLING=y; the plugin turns them
  * on.  FERRY_UCX_SAME_HOST_SHM=require makes ucx refuse a same-host endpoint

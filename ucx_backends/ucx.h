@@ -160,6 +160,8 @@ struct ferry_ucx_ep {
     int closed;
     ferry_ucx_rkey_t **rkeys;   /* settings.rkey_cache buckets */
     size_t n_rkeys;
+    uint64_t rkeys_flushes;     /* ferry_ucx_rkeys_flush calls: entries seen before a
+                                   flush are gone */
 
     /* Flush coalescing: while one flush is in flight, groups posted after it
      * wait here for the next one (a flush covers everything posted before
@@ -363,6 +365,11 @@ void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep);
 ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer);
 /* Keep ep (referenced) in peer->cache, if there is a slot. */
 void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep);
+/* ferry_ucx_rkey_get through the batch's memo of its last key (peer->cache):
+ * a submit with the previous one's key, from the same descriptor, reads
+ * neither the key nor the table.  Caller holds ep->lock. */
+ferry_status_t ferry_ucx_rkey_find(const ferry_peer_t *peer, ferry_ucx_ep_t *ep, const char *key,
+                                   ferry_ucx_rkey_t **entry_p);
 /* The transport's peer_cache_release op. */
 void ferry_ucx_peer_cache_release(void *ctx, void *cached);
 /* Mark failed (first status wins) and have the worker's thread close it. */

@@ -329,4 +329,5 @@ void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep)
         ep->rkeys[b] = NULL;
     }
     ep->n_rkeys = 0;
+    ep->rkeys_flushes++;
 }

@@ -367,6 +367,32 @@ static void direct_copies_finish(direct_copies_t *c, const ferry_transport_servi
     }
 }
 
+/*
+ * The short path: a submit of one small slice into attached memory (a
+ * ping-pong's write, a flag set again and again) is a bounds check and a
+ * copy under the lock, none of the lists below.  0: not such a submit,
+ * nothing done.  Keys the peer let go are dropped by the full path first.
+ */
+static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_ucx_ep_t *ep,
+                        ferry_slice_t *slice)
+{
+    ferry_ucx_rkey_t *entry;
+    if (slice->next != NULL || slice->length > FERRY_UCX_LOCKED_COPY_MAX ||
+        ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale) ||
+        ferry_ucx_rkey_find(peer, ep, slice->remote_key, &entry) != FERRY_OK || !entry->direct)
+        return 0;
+    void *remote = ferry_ucx_direct_ptr(entry, slice->remote_addr, slice->length);
+    if (remote == NULL)
+        return 0; /* the full path says why */
+    if (slice->opcode == FERRY_OP_WRITE)
+        ferry_copy_to_peer(remote, slice->local, slice->length);
+    else
+        memcpy(slice->local, remote, slice->length);
+    pthread_mutex_unlock(&ep->lock);
+    ucx->svc.slice_done(slice, FERRY_OK);
+    return 1;
+}
+
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
 {
     ferry_ucx_t *ucx = ctx;
@@ -394,6 +420,11 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
     }
+    if (submit_short(ucx, peer, ep, slices)) {
+        if (ref)
+            ferry_ucx_ep_unref(ep);
+        return FERRY_OK;
+    }
     ferry_ucx_eager_run_t eager;
     ferry_ucx_eager_run_init(&eager, ep, slices);
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
@@ -419,7 +450,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
-            result = ferry_ucx_rkey_get(ep, s->remote_key, &entry);
+            result = ferry_ucx_rkey_find(peer, ep, s->remote_key, &entry);
             if (result != FERRY_OK) {
                 rest = s;
                 break;

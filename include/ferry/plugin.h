@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define FERRY_PLUGIN_ABI_VERSION 2
+#define FERRY_PLUGIN_ABI_VERSION 3
 #define FERRY_PLUGIN_ENTRY_SYMBOL "ferry_plugin_entry"
 
 /* ---- logging (exported so modules log like the core) ---- */
@@ -147,6 +147,12 @@ typedef struct ferry_peer {
      * (a connection looked up, with its reference); the engine hands it to
      * peer_cache_release when the batch goes. */
     void **cache;
+    /* The descriptor the strings above and the slices' remote_key come
+     * from, by a number no other descriptor of this process ever has: what
+     * a transport derived from one of those strings (an unpacked key, say)
+     * it may find again by (descriptor_serial, string address), without
+     * reading the string. */
+    uint64_t descriptor_serial;
 } ferry_peer_t;
 
 typedef struct ferry_slice ferry_slice_t;
@@ -212,7 +218,8 @@ typedef struct ferry_transport_ops {
     ferry_status_t (*submit)(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
     /* Drop connections and cached keys for that peer incarnation. */
     void (*peer_forget)(void *ctx, const ferry_peer_t *peer);
-    /* Slice size this transport wants, 0 = no slicing. */
+    /* Slice size this transport wants, 0 = no slicing; asked once, after
+     * create. */
     size_t (*slice_size)(void *ctx);
     /* Optional: deliver a notify (<= FERRY_NOTIFY_MAX bytes) to the peer, which
      * hands it to its engine's notify_deliver.  Returns once the peer has it

@@ -31,6 +31,10 @@ typedef struct request_state {
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
     ferry_slice_t *slices;              /* kept across submits of this slot */
     size_t slices_cap;
+    /* The transport's view of the target, made at the first launch for desc
+     * and desc_transport: a request resolved again keeps it. */
+    int peer_made;
+    ferry_peer_t peer;
 } request_state_t;
 
 struct ferry_batch {
@@ -56,6 +60,7 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
+    request_state_t *kept_request; /* the request kept_desc is from, its resolution intact */
     /* The local registry entry of the last request resolved, unreferenced:
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */
@@ -179,6 +184,7 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
         return status;
     ferry_descriptor_unref(req->desc);
     req->desc = NULL;
+    req->peer_made = 0;
     status = ferry_segment_descriptor_versioned(engine, req->segment, &req->desc,
                                                 &req->desc_version);
     return status == FERRY_OK ? resolve_in(engine, req) : status;
@@ -201,11 +207,38 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 
+/* The previous round was this very request (a ping-pong's write, a flag
+ * word set again and again): its slot still holds the resolution, which
+ * stands while the segment shows the descriptor it was made from.  Then
+ * only the handle and the local buffer are looked at again. */
+static int resolve_again(ferry_batch_t *batch, const ferry_request_t *in, request_state_t *req)
+{
+    if (req != batch->kept_request || batch->kept_desc == NULL || in->transport != NULL ||
+        req->wanted >= 0 || in->opcode != req->opcode || in->local != req->local ||
+        in->length != req->length || in->target_offset != req->remote_addr ||
+        ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
+                            batch->engine) != req->segment ||
+        batch->kept_segment != req->segment ||
+        !ferry_segment_still_current(req->segment, batch->kept_version))
+        return 0;
+    atomic_init(&req->slices_left, 0);
+    atomic_init(&req->error, 0);
+    atomic_init(&req->state, FERRY_XFER_WAITING);
+    req->desc = batch->kept_desc;
+    req->desc_version = batch->kept_version;
+    batch->kept_desc = NULL;
+    if ((req->local_entry = local_entry(batch->engine, req, NULL)) != NULL)
+        batch->kept_entry = req->local_entry;
+    return 1;
+}
+
 /* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
 {
     ferry_engine_t *engine = batch->engine;
+    if (prev == NULL && resolve_again(batch, in, req))
+        return FERRY_OK;
     /* Field by field (the rest are set below before use), not a memset: a
      * rep stos of the whole state costs more than a small request's resolve
      * otherwise does.  slices and slices_cap stay: they are the slot's. */
@@ -218,6 +251,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->buffer = NULL;
     req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
+    req->peer_made = 0;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
         in->length == 0 || in->target_offset + in->length < in->target_offset) {
         ferry_error("request: bad opcode, NULL local buffer, zero length or wrap-around");
@@ -301,11 +335,10 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
 /* Cut the request into its transport's slices, linked by next. */
 static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
-    ferry_transport_instance_t *tp = &engine->transports[req->transport];
-    size_t slice_size = tp->ops->slice_size ? tp->ops->slice_size(tp->ctx) : 0;
-    if (slice_size == 0)
+    size_t slice_size = engine->transports[req->transport].slice_size;
+    if (slice_size == 0 || slice_size > req->length)
         slice_size = req->length;
-    size_t count = (req->length + slice_size - 1) / slice_size;
+    size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
     if (count > req->slices_cap) {
         ferry_slice_t *grown = realloc(req->slices, count * sizeof(*grown));
         if (grown == NULL)
@@ -343,12 +376,15 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
             *tail = reqs[i].slices;
         tail = &reqs[i].slices[atomic_load(&reqs[i].slices_left) - 1].next;
     }
-    ferry_transport_instance_t *tp = &engine->transports[reqs[0].transport];
-    ferry_peer_t peer;
-    ferry_engine_make_peer(engine, reqs[0].desc, reqs[0].desc_transport, &peer);
-    if (FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_cache_release))
-        peer.cache = &reqs[0].batch->peer_caches[reqs[0].transport];
-    ferry_status_t status = tp->ops->submit(tp->ctx, &peer, reqs[0].slices);
+    request_state_t *first = &reqs[0];
+    ferry_transport_instance_t *tp = &engine->transports[first->transport];
+    if (!first->peer_made) {
+        ferry_engine_make_peer(engine, first->desc, first->desc_transport, &first->peer);
+        if (FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_cache_release))
+            first->peer.cache = &first->batch->peer_caches[first->transport];
+        first->peer_made = 1;
+    }
+    ferry_status_t status = tp->ops->submit(tp->ctx, &first->peer, first->slices);
     if (status == FERRY_OK)
         atomic_fetch_add(&tp->requests_served, n);
     return status;
@@ -501,6 +537,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
             batch->kept_segment = last->segment;
             batch->kept_desc = last->desc;
             batch->kept_version = last->desc_version;
+            batch->kept_request = last;
             last->desc = NULL;
         }
         for (size_t i = 0; i < batch->used; i++)
@@ -525,7 +562,11 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
             goto out_unlock;
         }
     }
-    atomic_fetch_add(&batch->pending, count);
+    /* Nothing in flight means nobody else moves the count: no locked add. */
+    if (batch->used == 0)
+        atomic_store_explicit(&batch->pending, count, memory_order_release);
+    else
+        atomic_fetch_add(&batch->pending, count);
     batch->used += count;
     launch_all(engine, reqs, count);
 out_unlock:

@@ -116,6 +116,12 @@ typedef struct ferry_descriptor {
     ferry_desc_transport_t *transports;
     size_t n_buffers;
     ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint */
+    /* Not part of the value either.  serial: no other descriptor of this
+     * process has it (ferry_peer_t.descriptor_serial).  same_host: the
+     * owning engine's host comparison, 0 until made, else 1 (other host)
+     * or 2 (ours). */
+    uint64_t serial;
+    atomic_int same_host;
 } ferry_descriptor_t;
 
 ferry_descriptor_t *ferry_descriptor_new(void);
@@ -193,6 +199,7 @@ typedef struct ferry_transport_instance {
     const ferry_transport_ops_t *ops;
     void *ctx;
     char *address;
+    size_t slice_size; /* ops->slice_size, asked once: 0 = no slicing */
     atomic_ulong requests_served;
 } ferry_transport_instance_t;
 

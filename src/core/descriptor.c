@@ -53,10 +53,12 @@ _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull() parse
 
 ferry_descriptor_t *ferry_descriptor_new(void)
 {
+    static atomic_uint_fast64_t serials;
     ferry_descriptor_t *desc = calloc(1, sizeof(*desc));
     if (desc == NULL)
         return NULL;
     atomic_init(&desc->refs, 1);
+    desc->serial = atomic_fetch_add_explicit(&serials, 1, memory_order_relaxed) + 1;
     return desc;
 }
 

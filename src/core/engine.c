@@ -233,6 +233,7 @@ static ferry_status_t add_transport(ferry_engine_t *engine, const char *name, in
         tp->ops->destroy(tp->ctx);
         return status;
     }
+    tp->slice_size = tp->ops->slice_size ? tp->ops->slice_size(tp->ctx) : 0;
     engine->n_transports++;
     return FERRY_OK;
 }

@@ -9,7 +9,14 @@
 
 int ferry_engine_same_host(const ferry_engine_t *engine, const ferry_descriptor_t *desc)
 {
-    return strcmp(desc->host_id, engine->host_id) == 0;
+    /* Asked on every submit: compared once per descriptor. */
+    atomic_int *memo = &((ferry_descriptor_t *)desc)->same_host;
+    int known = atomic_load_explicit(memo, memory_order_relaxed);
+    if (known == 0) {
+        known = strcmp(desc->host_id, engine->host_id) == 0 ? 2 : 1;
+        atomic_store_explicit(memo, known, memory_order_relaxed);
+    }
+    return known == 2;
 }
 
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
@@ -21,6 +28,7 @@ void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor
     peer->rpc = desc->rpc;
     peer->same_host = ferry_engine_same_host(engine, desc);
     peer->cache = NULL;
+    peer->descriptor_serial = desc->serial;
 }
 
 /* Tell every transport the peer has an endpoint for: forget it (changed 0)

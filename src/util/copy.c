@@ -86,5 +86,9 @@ void ferry_copy_piece(void *dst, const void *src, size_t length, int nt)
 
 void ferry_copy_to_peer(void *dst, const void *src, size_t length)
 {
+    if (length < 64) { /* never streamed: no setting to read */
+        memcpy(dst, src, length);
+        return;
+    }
     ferry_copy_piece(dst, src, length, ferry_copy_nt_wanted(dst, length));
 }
