@@ -357,12 +357,47 @@ void ferry_ucx_eager_fini(ferry_ucx_worker_t *w);
 ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
                                 ferry_ucx_ep_t **ep_p);
 void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep);
-/* The endpoint the submitting batch's last submit went to (peer->cache),
- * if it is the peer's, not failed or closed and checked for liveness
- * lately: returned with ep->lock held.  The cache's reference keeps it
- * alive through the submit (the slot is the caller's alone meanwhile).
- * NULL: use ferry_ucx_ep_get, then ferry_ucx_ep_cache. */
+/* What a batch keeps in its cache slot (ferry_peer_t.cache): the endpoint
+ * its last submit went to, with a reference, and the endpoint string (the
+ * descriptor's, by address) it was found by; the last key it looked up
+ * there, by descriptor serial and address, with its entry and the
+ * endpoint's flush count then (a flush frees the entry). */
+typedef struct ferry_ucx_peer_cache {
+    ferry_ucx_ep_t *ep;
+    const char *endpoint;
+    uint64_t key_serial; /* 0: no key kept */
+    const char *key;
+    ferry_ucx_rkey_t *key_entry;
+    uint64_t key_flushes;
+    /* With that key, the short path's last copy (ucx_xfer.c): length bytes
+     * at remote_addr are at direct_ptr here (direct_length 0: none). */
+    uint64_t direct_addr;
+    size_t direct_length;
+    void *direct_ptr;
+} ferry_ucx_peer_cache_t;
+
+/* The submitting batch's cache slot (peer->cache), if its endpoint is the
+ * peer's: the same string (by address) with the same generation is the
+ * same incarnation's endpoint, generations being random per incarnation.
+ * Not locked, the endpoint maybe failed; the cache's reference keeps it
+ * alive through the submit (the slot is the caller's alone meanwhile). */
+static inline ferry_ucx_peer_cache_t *ferry_ucx_peer_cache_of(const ferry_peer_t *peer)
+{
+    ferry_ucx_peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
+    if (cache == NULL || cache->endpoint != peer->endpoint ||
+        cache->ep->generation != peer->generation)
+        return NULL;
+    return cache;
+}
+/* The same, if it is not failed or closed and was checked for liveness
+ * lately: returned with ep->lock held.  NULL: use ferry_ucx_ep_get, then
+ * ferry_ucx_ep_cache. */
 ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer);
+/* A same-host peer not looked up in /proc for FERRY_UCX_LIVENESS_MS. */
+int ferry_ucx_ep_liveness_due(ferry_ucx_ep_t *ep);
+/* Look it up now: FERRY_ERR_PEER_FAILED (and the endpoint failed) when its
+ * process is gone.  Caller holds a reference, not ep->lock. */
+ferry_status_t ferry_ucx_ep_liveness_look(ferry_ucx_ep_t *ep);
 /* Keep ep (referenced) in peer->cache, if there is a slot. */
 void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep);
 /* ferry_ucx_rkey_get through the batch's memo of its last key (peer->cache):

@@ -459,40 +459,33 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     return FERRY_OK;
 }
 
-/* A same-host peer not looked up in /proc for FERRY_UCX_LIVENESS_MS. */
 static int liveness_due(ferry_ucx_ep_t *ep, uint64_t now)
 {
     return ep->pid > 0 &&
            ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS;
 }
 
-/* What a batch keeps in its cache slot (ferry_peer_t.cache): the endpoint
- * its last submit went to, with a reference, and the endpoint string (the
- * descriptor's, by address) it was found by; the last key it looked up
- * there, by descriptor serial and address, with its entry and the
- * endpoint's flush count then (a flush frees the entry). */
-typedef struct peer_cache {
-    ferry_ucx_ep_t *ep;
-    const char *endpoint;
-    uint64_t key_serial; /* 0: no key kept */
-    const char *key;
-    ferry_ucx_rkey_t *key_entry;
-    uint64_t key_flushes;
-} peer_cache_t;
+int ferry_ucx_ep_liveness_due(ferry_ucx_ep_t *ep)
+{
+    return ep->pid > 0 && liveness_due(ep, ferry_ucx_time_ms());
+}
+
+ferry_status_t ferry_ucx_ep_liveness_look(ferry_ucx_ep_t *ep)
+{
+    atomic_store(&ep->checked_ms, ferry_ucx_time_ms());
+    return ferry_ucx_ep_check_alive(ep) ? FERRY_OK : FERRY_ERR_PEER_FAILED;
+}
 
 ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer)
 {
-    peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
-    /* The same string (by address) with the same generation is the same
-     * incarnation's endpoint: generations are random per incarnation. */
-    if (cache == NULL || cache->endpoint != peer->endpoint ||
-        cache->ep->generation != peer->generation)
+    ferry_ucx_peer_cache_t *cache = ferry_ucx_peer_cache_of(peer);
+    if (cache == NULL)
         return NULL;
     ferry_ucx_ep_t *ep = cache->ep;
     pthread_mutex_lock(&ep->lock);
     /* Failing, forgetting and closing all set these; the liveness look and
      * saying "failed" once are ferry_ucx_ep_get's. */
-    if (ep->closed || atomic_load(&ep->failed) != 0 || liveness_due(ep, ferry_ucx_time_ms())) {
+    if (ep->closed || atomic_load(&ep->failed) != 0 || ferry_ucx_ep_liveness_due(ep)) {
         pthread_mutex_unlock(&ep->lock);
         return NULL;
     }
@@ -503,7 +496,7 @@ void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep)
 {
     if (peer->cache == NULL)
         return;
-    peer_cache_t *cache = *peer->cache;
+    ferry_ucx_peer_cache_t *cache = *peer->cache;
     if (cache == NULL && (cache = *peer->cache = calloc(1, sizeof(*cache))) == NULL)
         return; /* the next submit looks it up again */
     if (cache->ep != ep) {
@@ -523,7 +516,7 @@ ferry_status_t ferry_ucx_rkey_find(const ferry_peer_t *peer, ferry_ucx_ep_t *ep,
      * descriptor's strings never change: the same serial and address are
      * the same key, without a look at its text (hashing and comparing a
      * packed key took 140 instructions of a 1,300-instruction 8 B write). */
-    peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
+    ferry_ucx_peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
     if (cache != NULL && cache->ep == ep && cache->key_serial == peer->descriptor_serial &&
         cache->key_serial != 0 && cache->key == key && cache->key_flushes == ep->rkeys_flushes) {
         *entry_p = cache->key_entry;
@@ -535,6 +528,7 @@ ferry_status_t ferry_ucx_rkey_find(const ferry_peer_t *peer, ferry_ucx_ep_t *ep,
         cache->key = key;
         cache->key_entry = *entry_p;
         cache->key_flushes = ep->rkeys_flushes;
+        cache->direct_length = 0;
     }
     return status;
 }
@@ -542,7 +536,7 @@ ferry_status_t ferry_ucx_rkey_find(const ferry_peer_t *peer, ferry_ucx_ep_t *ep,
 void ferry_ucx_peer_cache_release(void *ctx, void *cached)
 {
     (void)ctx;
-    peer_cache_t *cache = cached;
+    ferry_ucx_peer_cache_t *cache = cached;
     if (cache->ep != NULL)
         ferry_ucx_ep_unref(cache->ep);
     free(cache);

@@ -368,29 +368,57 @@ static void direct_copies_finish(direct_copies_t *c, const ferry_transport_servi
 }
 
 /*
- * The short path: a submit of one small slice into attached memory (a
- * ping-pong's write, a flag set again and again) is a bounds check and a
- * copy under the lock, none of the lists below.  0: not such a submit,
- * nothing done.  Keys the peer let go are dropped by the full path first.
+ * The short path: one small slice into attached memory of the batch's last
+ * peer (a ping-pong's write, a flag set again and again) is a bounds check
+ * and a copy under the endpoint's lock, none of the lists below.  0: not
+ * such a submit, nothing done (keys the peer let go, failures and the
+ * reasons a slice is refused are the full path's).
  */
-static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_ucx_ep_t *ep,
-                        ferry_slice_t *slice)
+static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_t *slice)
 {
-    ferry_ucx_rkey_t *entry;
-    if (slice->next != NULL || slice->length > FERRY_UCX_LOCKED_COPY_MAX ||
-        ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale) ||
-        ferry_ucx_rkey_find(peer, ep, slice->remote_key, &entry) != FERRY_OK || !entry->direct)
+    ferry_ucx_peer_cache_t *cache = ferry_ucx_peer_cache_of(peer);
+    if (cache == NULL || slice->next != NULL || slice->length == 0 ||
+        slice->length > FERRY_UCX_LOCKED_COPY_MAX || slice->local == NULL ||
+        slice->remote_key == NULL ||
+        (slice->opcode != FERRY_OP_WRITE && slice->opcode != FERRY_OP_READ))
         return 0;
-    void *remote = ferry_ucx_direct_ptr(entry, slice->remote_addr, slice->length);
-    if (remote == NULL)
-        return 0; /* the full path says why */
-    if (slice->opcode == FERRY_OP_WRITE)
-        ferry_copy_to_peer(remote, slice->local, slice->length);
-    else
+    ferry_ucx_ep_t *ep = cache->ep;
+    pthread_mutex_lock(&ep->lock);
+    void *remote = NULL;
+    if (ep->closed || atomic_load(&ep->failed) != 0 || ep->n_rkeys > ucx->settings.rkey_cache ||
+        atomic_load(&ep->keys_stale))
+        goto not_short;
+    if (cache->key_serial == peer->descriptor_serial && cache->key_serial != 0 &&
+        cache->key == slice->remote_key && cache->key_flushes == ep->rkeys_flushes &&
+        cache->direct_addr == slice->remote_addr && cache->direct_length == slice->length) {
+        remote = cache->direct_ptr; /* the last copy's place again (a ping-pong's) */
+    } else {
+        ferry_ucx_rkey_t *entry;
+        if (ferry_ucx_rkey_find(peer, ep, slice->remote_key, &entry) != FERRY_OK ||
+            !entry->direct ||
+            (remote = ferry_ucx_direct_ptr(entry, slice->remote_addr, slice->length)) == NULL)
+            goto not_short;
+        cache->direct_addr = slice->remote_addr;
+        cache->direct_length = slice->length;
+        cache->direct_ptr = remote;
+    }
+    if (slice->opcode == FERRY_OP_READ)
         memcpy(slice->local, remote, slice->length);
+    else if (slice->length < 64) /* ferry_copy_to_peer's too, without the call */
+        memcpy(remote, slice->local, slice->length);
+    else
+        ferry_copy_to_peer(remote, slice->local, slice->length);
+    /* The liveness look comes after the copy, off the path a ping-pong
+     * waits on (its clock alone took 7 ns): a copy into a dead peer's
+     * memory lands where nobody reads (we keep it mapped), and the request
+     * fails all the same. */
+    int due = ferry_ucx_ep_liveness_due(ep);
     pthread_mutex_unlock(&ep->lock);
-    ucx->svc.slice_done(slice, FERRY_OK);
+    ucx->svc.slice_done(slice, due ? ferry_ucx_ep_liveness_look(ep) : FERRY_OK);
     return 1;
+not_short:
+    pthread_mutex_unlock(&ep->lock);
+    return 0;
 }
 
 ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
@@ -398,6 +426,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_t *ucx = ctx;
     if (slices == NULL)
         return FERRY_ERR_INVALID_PARAM;
+    if (submit_short(ucx, peer, slices))
+        return FERRY_OK;
     for (ferry_slice_t *s = slices; s != NULL; s = s->next)
         if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
             (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
@@ -419,11 +449,6 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         if (ref)
             ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
-    }
-    if (submit_short(ucx, peer, ep, slices)) {
-        if (ref)
-            ferry_ucx_ep_unref(ep);
-        return FERRY_OK;
     }
     ferry_ucx_eager_run_t eager;
     ferry_ucx_eager_run_init(&eager, ep, slices);

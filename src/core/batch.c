@@ -31,8 +31,13 @@ typedef struct request_state {
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
     ferry_slice_t *slices;              /* kept across submits of this slot */
     size_t slices_cap;
-    /* The transport's view of the target, made at the first launch for desc
-     * and desc_transport: a request resolved again keeps it. */
+    /* What stays with the slot while it holds the same resolution (a
+     * request submitted again, submit_again): its slices, cut for
+     * local_entry's handles (slices_entry), and the transport's view of the
+     * target, both made at the first launch; resolving anew clears them. */
+    int slices_made;
+    size_t n_slices;
+    ferry_reg_entry_t *slices_entry;    /* compared, never dereferenced */
     int peer_made;
     ferry_peer_t peer;
 } request_state_t;
@@ -60,7 +65,6 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
-    request_state_t *kept_request; /* the request kept_desc is from, its resolution intact */
     /* The local registry entry of the last request resolved, unreferenced:
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */
@@ -184,7 +188,7 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
         return status;
     ferry_descriptor_unref(req->desc);
     req->desc = NULL;
-    req->peer_made = 0;
+    req->slices_made = req->peer_made = 0;
     status = ferry_segment_descriptor_versioned(engine, req->segment, &req->desc,
                                                 &req->desc_version);
     return status == FERRY_OK ? resolve_in(engine, req) : status;
@@ -207,38 +211,11 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 
-/* The previous round was this very request (a ping-pong's write, a flag
- * word set again and again): its slot still holds the resolution, which
- * stands while the segment shows the descriptor it was made from.  Then
- * only the handle and the local buffer are looked at again. */
-static int resolve_again(ferry_batch_t *batch, const ferry_request_t *in, request_state_t *req)
-{
-    if (req != batch->kept_request || batch->kept_desc == NULL || in->transport != NULL ||
-        req->wanted >= 0 || in->opcode != req->opcode || in->local != req->local ||
-        in->length != req->length || in->target_offset != req->remote_addr ||
-        ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
-                            batch->engine) != req->segment ||
-        batch->kept_segment != req->segment ||
-        !ferry_segment_still_current(req->segment, batch->kept_version))
-        return 0;
-    atomic_init(&req->slices_left, 0);
-    atomic_init(&req->error, 0);
-    atomic_init(&req->state, FERRY_XFER_WAITING);
-    req->desc = batch->kept_desc;
-    req->desc_version = batch->kept_version;
-    batch->kept_desc = NULL;
-    if ((req->local_entry = local_entry(batch->engine, req, NULL)) != NULL)
-        batch->kept_entry = req->local_entry;
-    return 1;
-}
-
 /* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
 {
     ferry_engine_t *engine = batch->engine;
-    if (prev == NULL && resolve_again(batch, in, req))
-        return FERRY_OK;
     /* Field by field (the rest are set below before use), not a memset: a
      * rep stos of the whole state costs more than a small request's resolve
      * otherwise does.  slices and slices_cap stay: they are the slot's. */
@@ -251,7 +228,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->buffer = NULL;
     req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
-    req->peer_made = 0;
+    req->slices_made = req->peer_made = 0;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
         in->length == 0 || in->target_offset + in->length < in->target_offset) {
         ferry_error("request: bad opcode, NULL local buffer, zero length or wrap-around");
@@ -332,9 +309,16 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
         request_fail(req, status);
 }
 
-/* Cut the request into its transport's slices, linked by next. */
+/* Cut the request into its transport's slices, linked by next (again only
+ * the links, when they were cut for this resolution and local entry). */
 static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
+    if (req->slices_made && req->slices_entry == req->local_entry) {
+        for (size_t i = 0; i < req->n_slices; i++)
+            req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
+        atomic_store_explicit(&req->slices_left, req->n_slices, memory_order_release);
+        return FERRY_OK;
+    }
     size_t slice_size = engine->transports[req->transport].slice_size;
     if (slice_size == 0 || slice_size > req->length)
         slice_size = req->length;
@@ -359,6 +343,9 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         slice->owner = req;
         slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
     }
+    req->n_slices = count;
+    req->slices_entry = req->local_entry;
+    req->slices_made = 1;
     atomic_store_explicit(&req->slices_left, count, memory_order_release);
     return FERRY_OK;
 }
@@ -384,10 +371,7 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
             first->peer.cache = &first->batch->peer_caches[first->transport];
         first->peer_made = 1;
     }
-    ferry_status_t status = tp->ops->submit(tp->ctx, &first->peer, first->slices);
-    if (status == FERRY_OK)
-        atomic_fetch_add(&tp->requests_served, n);
-    return status;
+    return tp->ops->submit(tp->ctx, &first->peer, first->slices);
 }
 
 static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
@@ -520,6 +504,34 @@ ferry_status_t ferry_batch_create(ferry_engine_h handle, size_t max_requests,
     return FERRY_OK;
 }
 
+/*
+ * The round is the previous one again: one request, the same in every
+ * field, to a segment that still shows the descriptor it was resolved with
+ * (a ping-pong's write, a flag set again and again).  The slot keeps its
+ * descriptor, resolution, slices and the transport's view of the peer;
+ * only the handle and the local buffer are looked at again.  Caller holds
+ * submit_lock, nothing is in flight and the last round was one request.
+ * 0: not such a round, nothing changed.
+ */
+static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
+{
+    request_state_t *req = &batch->requests[0];
+    if (req->desc_version == 0 || !req->peer_made || in->transport != NULL || req->wanted >= 0 ||
+        in->opcode != req->opcode || in->local != req->local || in->length != req->length ||
+        in->target_offset != req->remote_addr ||
+        atomic_load_explicit(&req->state, memory_order_relaxed) != FERRY_XFER_COMPLETED ||
+        ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
+                            batch->engine) != req->segment ||
+        !ferry_segment_still_current(req->segment, req->desc_version))
+        return 0;
+    /* A completed round left no error, no failure flag and no entry held. */
+    if ((req->local_entry = local_entry(batch->engine, req, NULL)) != NULL)
+        batch->kept_entry = req->local_entry;
+    atomic_store_explicit(&batch->pending, 1, memory_order_release);
+    launch(batch->engine, req);
+    return 1;
+}
+
 ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *requests,
                                   size_t count)
 {
@@ -530,6 +542,11 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
     pthread_mutex_lock(&batch->submit_lock);
+    if (atomic_load(&batch->pending) == 0 && count == 1 && batch->used == 1 &&
+        submit_again(batch, requests)) {
+        pthread_mutex_unlock(&batch->submit_lock);
+        return FERRY_OK;
+    }
     if (atomic_load(&batch->pending) == 0) {
         /* Everything earlier finished: the batch starts over. */
         if (batch->used > 0 && batch->requests[batch->used - 1].desc_version != 0) {
@@ -537,7 +554,6 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
             batch->kept_segment = last->segment;
             batch->kept_desc = last->desc;
             batch->kept_version = last->desc_version;
-            batch->kept_request = last;
             last->desc = NULL;
         }
         for (size_t i = 0; i < batch->used; i++)
@@ -780,6 +796,8 @@ void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *e
         pthread_mutex_lock(&batch->submit_lock);
         if (batch->kept_entry == entry)
             batch->kept_entry = NULL;
+        if (batch->requests[0].slices_entry == entry) /* their handles are the entry's */
+            batch->requests[0].slices_made = 0;
         pthread_mutex_unlock(&batch->submit_lock);
     }
     pthread_mutex_unlock(&engine->batches_lock);

@@ -180,7 +180,11 @@ ferry_status_t ferry_segment_descriptor_versioned(ferry_engine_t *engine,
 /* Whether the descriptor that came with version is still the segment's
  * current one (not replaced, not invalidated), without the lock: a caller
  * that holds a reference on it may use it again instead of asking anew. */
-int ferry_segment_still_current(const ferry_segment_t *segment, uint64_t version);
+static inline int ferry_segment_still_current(const ferry_segment_t *segment, uint64_t version)
+{
+    return version != 0 &&
+           atomic_load_explicit(&segment->version, memory_order_acquire) == version;
+}
 /* Fetch again; if seen != NULL only when the cached one is still `seen`
  * (so racing threads refresh once). */
 ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *segment,
@@ -200,7 +204,6 @@ typedef struct ferry_transport_instance {
     void *ctx;
     char *address;
     size_t slice_size; /* ops->slice_size, asked once: 0 = no slicing */
-    atomic_ulong requests_served;
 } ferry_transport_instance_t;
 
 typedef struct ferry_subscriber {

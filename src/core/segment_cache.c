@@ -249,11 +249,6 @@ ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t 
     return ferry_segment_descriptor_versioned(engine, segment, desc_p, &version);
 }
 
-int ferry_segment_still_current(const ferry_segment_t *segment, uint64_t version)
-{
-    return version != 0 && atomic_load_explicit(&segment->version, memory_order_acquire) == version;
-}
-
 ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name)
 {
     ferry_segment_cache_t *cache = &engine->segments;

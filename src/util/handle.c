@@ -2,24 +2,18 @@
  * Validated handles.  A handle is (generation << 32 | slot + 1); the slot
  * array only grows, so looking up a freed or random handle reads a live slot
  * whose generation or kind does not match, and never follows a dangling
- * pointer.  Allocation takes a mutex; lookup takes none.
+ * pointer.  Allocation takes a mutex; lookup (util.h) takes none.
  */
 #include "util.h"
 
 #include <stdlib.h>
 
-#define SLOTS_PER_CHUNK 1024u
-#define MAX_CHUNKS 1024u
+#define SLOTS_PER_CHUNK FERRY_HANDLE_SLOTS_PER_CHUNK
+#define MAX_CHUNKS FERRY_HANDLE_MAX_CHUNKS
 
-typedef struct handle_slot {
-    _Atomic uint32_t generation; /* odd: in use */
-    _Atomic uint32_t kind;
-    void *_Atomic object;
-    void *_Atomic owner;
-    uint32_t next_free;
-} handle_slot_t;
+typedef ferry_handle_slot_t handle_slot_t;
 
-static handle_slot_t *_Atomic chunks[MAX_CHUNKS];
+ferry_handle_slot_t *_Atomic ferry_handle_chunks[MAX_CHUNKS];
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER; /* chunks growth, free list */
 static uint32_t free_head = UINT32_MAX;
 static uint32_t slots_used;
@@ -28,7 +22,7 @@ static handle_slot_t *slot_at(uint32_t index)
 {
     if (index >= SLOTS_PER_CHUNK * MAX_CHUNKS)
         return NULL;
-    handle_slot_t *chunk = atomic_load(&chunks[index / SLOTS_PER_CHUNK]);
+    handle_slot_t *chunk = atomic_load(&ferry_handle_chunks[index / SLOTS_PER_CHUNK]);
     return chunk ? &chunk[index % SLOTS_PER_CHUNK] : NULL;
 }
 
@@ -51,7 +45,7 @@ uint64_t ferry_handle_alloc(ferry_handle_kind_t kind, void *object, void *owner)
                 pthread_mutex_unlock(&table_lock);
                 return 0;
             }
-            atomic_store(&chunks[index / SLOTS_PER_CHUNK], chunk);
+            atomic_store(&ferry_handle_chunks[index / SLOTS_PER_CHUNK], chunk);
         }
         slots_used++;
     }
@@ -63,23 +57,6 @@ uint64_t ferry_handle_alloc(ferry_handle_kind_t kind, void *object, void *owner)
     atomic_store(&slot->generation, generation);
     pthread_mutex_unlock(&table_lock);
     return ((uint64_t)generation << 32) | (uint64_t)(index + 1);
-}
-
-void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kind, void *owner)
-{
-    uint32_t low = (uint32_t)handle;
-    uint32_t generation = (uint32_t)(handle >> 32);
-    if (low == 0 || (generation & 1u) == 0)
-        return NULL;
-    handle_slot_t *slot = slot_at(low - 1);
-    if (slot == NULL || atomic_load(&slot->generation) != generation ||
-        atomic_load(&slot->kind) != (uint32_t)kind)
-        return NULL;
-    if (owner != NULL && atomic_load(&slot->owner) != owner)
-        return NULL;
-    void *object = atomic_load(&slot->object);
-    /* freed while we looked: the generation moved on */
-    return atomic_load(&slot->generation) == generation ? object : NULL;
 }
 
 void ferry_handle_free(uint64_t handle)

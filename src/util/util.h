@@ -80,8 +80,43 @@ typedef enum ferry_handle_kind {
 /* Handles are slot index + generation, never raw pointers, so a freed or
  * foreign handle is detected instead of dereferenced. */
 uint64_t ferry_handle_alloc(ferry_handle_kind_t kind, void *object, void *owner);
-void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kind, void *owner);
 void ferry_handle_free(uint64_t handle);
+
+/* The slot table, for the lookup below (every API call makes one or more,
+ * a ping-pong's write four: inline, they cost a few loads). */
+#define FERRY_HANDLE_SLOTS_PER_CHUNK 1024u
+#define FERRY_HANDLE_MAX_CHUNKS 1024u
+typedef struct ferry_handle_slot {
+    _Atomic uint32_t generation; /* odd: in use */
+    _Atomic uint32_t kind;
+    void *_Atomic object;
+    void *_Atomic owner;
+    uint32_t next_free;
+} ferry_handle_slot_t;
+extern ferry_handle_slot_t *_Atomic ferry_handle_chunks[FERRY_HANDLE_MAX_CHUNKS] FERRY_HIDDEN;
+
+/* The object of that kind (and owner, unless NULL) the handle names, or
+ * NULL: never a freed object's. */
+static inline void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kind, void *owner)
+{
+    uint32_t index = (uint32_t)handle - 1; /* 0 (never a handle) wraps past the table */
+    uint32_t generation = (uint32_t)(handle >> 32);
+    if ((generation & 1u) == 0 ||
+        index >= FERRY_HANDLE_SLOTS_PER_CHUNK * FERRY_HANDLE_MAX_CHUNKS)
+        return NULL;
+    ferry_handle_slot_t *chunk = atomic_load_explicit(
+        &ferry_handle_chunks[index / FERRY_HANDLE_SLOTS_PER_CHUNK], memory_order_acquire);
+    if (chunk == NULL)
+        return NULL;
+    ferry_handle_slot_t *slot = &chunk[index % FERRY_HANDLE_SLOTS_PER_CHUNK];
+    if (atomic_load(&slot->generation) != generation ||
+        atomic_load(&slot->kind) != (uint32_t)kind ||
+        (owner != NULL && atomic_load(&slot->owner) != owner))
+        return NULL;
+    void *object = atomic_load(&slot->object);
+    /* freed while we looked: the generation moved on */
+    return atomic_load(&slot->generation) == generation ? object : NULL;
+}
 
 /* ---- location.c: ferry_location_is_host/_cxl (plugin.h) ---- */
 
