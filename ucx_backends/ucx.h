@@ -27,6 +27,7 @@
 #ifndef FERRY_UCX_H
 #define FERRY_UCX_H
 
+#include <ferry/lock.h>
 #include <ferry/plugin.h>
 
 #include <pthread.h>
@@ -155,7 +156,7 @@ struct ferry_ucx_ep {
     int close_queued;           /* worker->lock */
     int flush_queued;           /* worker->lock */
 
-    pthread_mutex_t lock;       /* posting on ep, closed, rkeys, n_rkeys */
+    ferry_lock_t lock;          /* posting on ep, closed, rkeys, n_rkeys */
     _Atomic(ucp_ep_h) ep;       /* NULL once closed; flush callbacks read it unlocked */
     int closed;
     ferry_ucx_rkey_t **rkeys;   /* settings.rkey_cache buckets */

@@ -114,12 +114,12 @@ void ferry_ucx_send_hello(ferry_ucx_ep_t *ep)
     char *header = strdup(rpc);
     if (header == NULL)
         return;
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     if (!ep->closed)
         ferry_ucx_am_send_header(ep->ep, FERRY_UCX_AM_HELLO, header, strlen(header));
     else
         free(header);
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
 }
 
 ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char *from,
@@ -148,12 +148,12 @@ ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char 
     pthread_cond_init(&waiter->cond, NULL);
     atomic_init(&waiter->refs, 2);
 
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     ferry_ucx_group_t *group = NULL;
     if (!ep->closed && atomic_load(&ep->failed) == 0)
         group = ferry_ucx_group_new(ep);
     if (group == NULL) {
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         free(payload);
         pthread_cond_destroy(&waiter->cond);
         pthread_mutex_destroy(&waiter->lock);
@@ -178,7 +178,7 @@ ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char 
         ferry_ucx_group_unref_op(group, UCS_PTR_STATUS(request));
     /* The flush completes once the message is in the peer's hands. */
     ferry_ucx_group_post_flush(group);
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
     ferry_ucx_group_unref_op(group, UCS_OK);
 
     unsigned timeout_ms = ucx->settings.timeout_ms ? ucx->settings.timeout_ms : 30000;

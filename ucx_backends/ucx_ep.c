@@ -79,7 +79,6 @@ static ferry_ucx_ep_t *ep_new(ferry_ucx_t *ucx, const ferry_peer_t *peer)
     ep->generation = peer->generation;
     ep->same_host = peer->same_host;
     ep->state = FERRY_UCX_EP_CONNECTING;
-    pthread_mutex_init(&ep->lock, NULL);
     pthread_mutex_init(&ep->flush_lock, NULL);
     atomic_init(&ep->ep, NULL);
     atomic_init(&ep->refs, 1);
@@ -118,7 +117,6 @@ void ferry_ucx_ep_unref(ferry_ucx_ep_t *ep)
     ferry_ucx_rkeys_flush(ep);
     free(ep->rkeys);
     pthread_mutex_destroy(&ep->flush_lock);
-    pthread_mutex_destroy(&ep->lock);
     free(ep->endpoint);
     free(ep->name);
     free(ep);
@@ -135,11 +133,11 @@ static void close_done(void *request, ucs_status_t status, void *user_data)
 
 void ferry_ucx_ep_close(ferry_ucx_ep_t *ep)
 {
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     ucp_ep_h handle = ep->closed ? NULL : atomic_load(&ep->ep);
     ep->closed = 1;
     atomic_store(&ep->ep, NULL);
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
     if (handle == NULL)
         return;
     ferry_ucx_worker_t *w = ep->worker;
@@ -482,11 +480,11 @@ ferry_ucx_ep_t *ferry_ucx_ep_lock_cached(const ferry_peer_t *peer)
     if (cache == NULL)
         return NULL;
     ferry_ucx_ep_t *ep = cache->ep;
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     /* Failing, forgetting and closing all set these; the liveness look and
      * saying "failed" once are ferry_ucx_ep_get's. */
     if (ep->closed || atomic_load(&ep->failed) != 0 || ferry_ucx_ep_liveness_due(ep)) {
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         return NULL;
     }
     return ep;
@@ -636,12 +634,12 @@ static int reach_buffer(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep, const char *remote
 {
     if (!ep->same_host || !ep->am_on_shm || ucx->settings.same_host_emulated)
         return FERRY_REACH_YES;
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     ferry_ucx_rkey_t *entry = NULL;
     ferry_status_t status = ep->closed ? FERRY_ERR_PEER_FAILED
                                        : ferry_ucx_rkey_get(ep, remote_key, &entry);
     int direct = status == FERRY_OK && entry->direct;
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
     /* A key that does not unpack: let submit report it. */
     return status != FERRY_OK || direct ? FERRY_REACH_YES : FERRY_REACH_FALLBACK;
 }

@@ -222,15 +222,15 @@ static void flush_done(void *request, ucs_status_t status, void *user_data)
 
 void ferry_ucx_flush_waiting(ferry_ucx_ep_t *ep)
 {
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     ferry_ucx_group_t *groups = flush_take_waiting(ep);
     if (ep->closed) {
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         flush_release(groups, UCS_ERR_CANCELED);
         return;
     }
     flush_run(ep, groups);
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
 }
 
 void ferry_ucx_group_post_flush(ferry_ucx_group_t *group)
@@ -383,7 +383,7 @@ static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_
         (slice->opcode != FERRY_OP_WRITE && slice->opcode != FERRY_OP_READ))
         return 0;
     ferry_ucx_ep_t *ep = cache->ep;
-    pthread_mutex_lock(&ep->lock);
+    ferry_lock_acquire(&ep->lock);
     void *remote = NULL;
     if (ep->closed || atomic_load(&ep->failed) != 0 || ep->n_rkeys > ucx->settings.rkey_cache ||
         atomic_load(&ep->keys_stale))
@@ -413,11 +413,11 @@ static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_
      * memory lands where nobody reads (we keep it mapped), and the request
      * fails all the same. */
     int due = ferry_ucx_ep_liveness_due(ep);
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
     ucx->svc.slice_done(slice, due ? ferry_ucx_ep_liveness_look(ep) : FERRY_OK);
     return 1;
 not_short:
-    pthread_mutex_unlock(&ep->lock);
+    ferry_lock_release(&ep->lock);
     return 0;
 }
 
@@ -441,11 +441,11 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         if ((result = ferry_ucx_ep_get(ucx, peer, &ep)) != FERRY_OK)
             return result;
         ferry_ucx_ep_cache(peer, ep);
-        pthread_mutex_lock(&ep->lock);
+        ferry_lock_acquire(&ep->lock);
     }
     ferry_ucx_worker_t *worker = ep->worker;
     if (ep->closed || atomic_load(&ep->failed) != 0) {
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         if (ref)
             ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
@@ -525,7 +525,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ucx_posting_end(worker);
     if (posted == 0 && copies.count == 0) {
         /* Nothing went out: no slice is queued, the engine may retry. */
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         if (group != NULL) /* its own reference keeps ep alive through this */
             group_abandon(group);
         direct_copies_release(&copies);
@@ -551,12 +551,12 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         group->slices = posts;
         if (puts > 0) /* eager writes complete by their acknowledgement, no flush */
             ferry_ucx_group_post_flush(group);
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         if (atomic_load(&group->pending) > 1)
             kick_progress(worker);
         ferry_ucx_group_unref_op(group, UCS_OK); /* may finish the slices right here */
     } else {
-        pthread_mutex_unlock(&ep->lock);
+        ferry_lock_release(&ep->lock);
         if (group != NULL)
             group_abandon(group);
         if (posts != NULL) { /* a post UCX refused at once fails with the rest */

@@ -49,7 +49,7 @@ struct ferry_batch {
     request_state_t *requests;  /* [max] */
     size_t used;                /* submit_lock */
     atomic_size_t pending;      /* submitted requests not finished */
-    pthread_mutex_t submit_lock;/* used, requests[] setup, notify fields */
+    ferry_lock_t submit_lock;   /* used, requests[] setup, notify fields */
     pthread_mutex_t lock;       /* with done: waiting for pending == 0 */
     pthread_cond_t done;
     atomic_uint sleepers;       /* threads in ferry_batch_wait that may sleep on done */
@@ -121,7 +121,10 @@ void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
         int expected = 0;
         atomic_compare_exchange_strong(&req->error, &expected, (int)status);
     }
-    if (atomic_fetch_sub(&req->slices_left, 1) == 1)
+    /* The last slice left has no other finisher to race with: no locked
+     * instruction for a request of one slice. */
+    if (atomic_load_explicit(&req->slices_left, memory_order_acquire) == 1 ||
+        atomic_fetch_sub(&req->slices_left, 1) == 1)
         request_finish(req);
 }
 
@@ -350,6 +353,20 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
     return FERRY_OK;
 }
 
+/* Hand first's slices, and whatever is chained behind them, to its
+ * transport.  Non-OK: nothing was queued. */
+static ferry_status_t submit_slices(ferry_engine_t *engine, request_state_t *first)
+{
+    ferry_transport_instance_t *tp = &engine->transports[first->transport];
+    if (!first->peer_made) {
+        ferry_engine_make_peer(engine, first->desc, first->desc_transport, &first->peer);
+        if (FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_cache_release))
+            first->peer.cache = &first->batch->peer_caches[first->transport];
+        first->peer_made = 1;
+    }
+    return tp->ops->submit(tp->ctx, &first->peer, first->slices);
+}
+
 /* Hand n requests to the same peer through the same transport over in one
  * submit, their slices chained.  Non-OK: nothing was queued. */
 static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
@@ -363,20 +380,13 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
             *tail = reqs[i].slices;
         tail = &reqs[i].slices[atomic_load(&reqs[i].slices_left) - 1].next;
     }
-    request_state_t *first = &reqs[0];
-    ferry_transport_instance_t *tp = &engine->transports[first->transport];
-    if (!first->peer_made) {
-        ferry_engine_make_peer(engine, first->desc, first->desc_transport, &first->peer);
-        if (FERRY_TRANSPORT_OPS_HAS(tp->ops, peer_cache_release))
-            first->peer.cache = &first->batch->peer_caches[first->transport];
-        first->peer_made = 1;
-    }
-    return tp->ops->submit(tp->ctx, &first->peer, first->slices);
+    return submit_slices(engine, &reqs[0]);
 }
 
 static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
 {
-    return submit_run(engine, req, 1);
+    ferry_status_t status = prepare_slices(engine, req);
+    return status == FERRY_OK ? submit_slices(engine, req) : status;
 }
 
 /* FERRY_OK when the request went out (or finished), else why it FAILED. */
@@ -487,7 +497,6 @@ ferry_status_t ferry_batch_create(ferry_engine_h handle, size_t max_requests,
     }
     batch->engine = engine;
     batch->max = max_requests;
-    pthread_mutex_init(&batch->submit_lock, NULL);
     pthread_mutex_init(&batch->lock, NULL);
     pthread_cond_init(&batch->done, NULL);
     batch->handle = ferry_handle_alloc(FERRY_HANDLE_BATCH, batch, engine);
@@ -541,10 +550,10 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     if (requests == NULL || count == 0)
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
-    pthread_mutex_lock(&batch->submit_lock);
+    ferry_lock_acquire(&batch->submit_lock);
     if (atomic_load(&batch->pending) == 0 && count == 1 && batch->used == 1 &&
         submit_again(batch, requests)) {
-        pthread_mutex_unlock(&batch->submit_lock);
+        ferry_lock_release(&batch->submit_lock);
         return FERRY_OK;
     }
     if (atomic_load(&batch->pending) == 0) {
@@ -590,7 +599,7 @@ out_unlock:
         ferry_descriptor_unref(batch->kept_desc);
         batch->kept_desc = NULL;
     }
-    pthread_mutex_unlock(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     return status;
 }
 
@@ -602,9 +611,9 @@ ferry_status_t ferry_batch_status(ferry_batch_h handle, size_t index,
         return FERRY_ERR_INVALID_HANDLE;
     if (status_p == NULL)
         return FERRY_ERR_INVALID_PARAM;
-    pthread_mutex_lock(&batch->submit_lock);
+    ferry_lock_acquire(&batch->submit_lock);
     size_t used = batch->used;
-    pthread_mutex_unlock(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     if (index >= used)
         return FERRY_ERR_INVALID_PARAM;
     request_state_t *req = &batch->requests[index];
@@ -685,12 +694,12 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
     ferry_descriptor_t *notify = NULL;
     void *msg = NULL;
     size_t length = 0;
-    pthread_mutex_lock(&batch->submit_lock);
+    ferry_lock_acquire(&batch->submit_lock);
     for (size_t i = 0; i < batch->used && result == FERRY_OK; i++)
         result = (ferry_status_t)atomic_load(&batch->requests[i].error);
     if (result == FERRY_OK && batch->notify_desc != NULL)
         notify = take_attached_notify(batch, &msg, &length);
-    pthread_mutex_unlock(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     if (notify != NULL) {
         result = ferry_engine_send_notify(batch->engine, notify, msg, length);
         ferry_descriptor_unref(notify);
@@ -723,7 +732,7 @@ ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_
     }
     if (length)
         memcpy(copy, msg, length);
-    pthread_mutex_lock(&batch->submit_lock);
+    ferry_lock_acquire(&batch->submit_lock);
     if (batch->notify_desc)
         ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);
@@ -731,7 +740,7 @@ ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_
     batch->notify_msg = copy;
     batch->notify_length = length;
     atomic_store(&batch->notify_attached, 1);
-    pthread_mutex_unlock(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     return FERRY_OK;
 }
 
@@ -746,7 +755,6 @@ static void batch_free(ferry_batch_t *batch)
         ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);
     free(batch->requests);
-    pthread_mutex_destroy(&batch->submit_lock);
     pthread_mutex_destroy(&batch->lock);
     pthread_cond_destroy(&batch->done);
     free(batch);
@@ -793,12 +801,12 @@ void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *e
 {
     pthread_mutex_lock(&engine->batches_lock);
     for (ferry_batch_t *batch = engine->batches; batch != NULL; batch = batch->next) {
-        pthread_mutex_lock(&batch->submit_lock);
+        ferry_lock_acquire(&batch->submit_lock);
         if (batch->kept_entry == entry)
             batch->kept_entry = NULL;
         if (batch->requests[0].slices_entry == entry) /* their handles are the entry's */
             batch->requests[0].slices_made = 0;
-        pthread_mutex_unlock(&batch->submit_lock);
+        ferry_lock_release(&batch->submit_lock);
     }
     pthread_mutex_unlock(&engine->batches_lock);
 }
@@ -807,9 +815,9 @@ void ferry_batch_release_peer_caches(ferry_engine_t *engine)
 {
     pthread_mutex_lock(&engine->batches_lock);
     for (ferry_batch_t *batch = engine->batches; batch != NULL; batch = batch->next) {
-        pthread_mutex_lock(&batch->submit_lock);
+        ferry_lock_acquire(&batch->submit_lock);
         peer_caches_release(batch);
-        pthread_mutex_unlock(&batch->submit_lock);
+        ferry_lock_release(&batch->submit_lock);
     }
     pthread_mutex_unlock(&engine->batches_lock);
 }

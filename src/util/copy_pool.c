@@ -66,13 +66,6 @@ static struct {
           .lock = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER};
 
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 /* Copy [offset, offset + n) of the job, which may span items. */
 static void job_copy(const copy_job_t *job, size_t offset, size_t n)
 {
@@ -239,7 +232,7 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
     for (unsigned spins = 0;
          atomic_load_explicit(&job.done, memory_order_acquire) < total; spins++) {
         if (spins < 64)
-            cpu_relax();
+            ferry_cpu_relax();
         else
             sched_yield();
     }
@@ -258,7 +251,7 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
     }
     atomic_store(&pool.job, NULL);
     while (atomic_load(&pool.inside) > 0)
-        cpu_relax();
+        ferry_cpu_relax();
     atomic_store(&pool.busy, 0);
     if (ends != inline_ends) {
         free(ends);

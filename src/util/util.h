@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include <ferry/lock.h>
 #include <ferry/plugin.h>
 
 #define FERRY_HIDDEN __attribute__((visibility("hidden")))
@@ -18,6 +19,15 @@
 
 /* ---- log.c ---- */
 void ferry_log_init(void);
+
+/* A spinning thread's pause: lets the sibling hyperthread run and the
+ * spin end sooner once the awaited store lands. */
+static inline void ferry_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
