@@ -47,8 +47,10 @@ typedef struct copy_job {
 
 static struct {
     pthread_mutex_t life;     /* start and stop, held across the join */
-    pthread_mutex_t lock;     /* sleeping helpers */
+    pthread_mutex_t lock;     /* sleeping helpers, started */
     pthread_cond_t wake;
+    pthread_cond_t ready;     /* signalled as each helper first goes to sleep */
+    unsigned started;         /* lock: helpers that reached their first sleep */
     unsigned users;           /* life: engines that started the helpers */
     unsigned n_threads;       /* life */
     pthread_t threads[FERRY_COPY_MAX_THREADS];
@@ -64,6 +66,7 @@ static struct {
     atomic_uint_fast64_t helped; /* bytes the helpers copied, ever */
 } pool = {.life = PTHREAD_MUTEX_INITIALIZER,
           .lock = PTHREAD_MUTEX_INITIALIZER,
+          .ready = PTHREAD_COND_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER};
 
 /* Copy [offset, offset + n) of the job, which may span items. */
@@ -131,6 +134,7 @@ static void move_off_cpu(int caller_cpu)
 static void *helper_main(void *arg)
 {
     (void)arg;
+    int ready = 0;
     uint64_t seen = atomic_load(&pool.posted);
     while (!atomic_load_explicit(&pool.stop, memory_order_relaxed)) {
         uint64_t posted = atomic_load(&pool.posted);
@@ -146,6 +150,11 @@ static void *helper_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&pool.lock);
+        if (!ready) {
+            ready = 1;
+            pool.started++;
+            pthread_cond_broadcast(&pool.ready);
+        }
         atomic_fetch_add(&pool.sleepers, 1);
         while (atomic_load(&pool.posted) == seen && !atomic_load(&pool.stop))
             pthread_cond_wait(&pool.wake, &pool.lock);
@@ -291,7 +300,8 @@ static void pool_after_fork(void)
     pthread_mutex_init(&pool.life, NULL);
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
-    pool.users = pool.n_threads = 0;
+    pthread_cond_init(&pool.ready, NULL);
+    pool.users = pool.n_threads = pool.started = 0;
     atomic_store(&pool.running, 0);
     atomic_store(&pool.stop, 0);
     atomic_store(&pool.busy, 0);
@@ -306,6 +316,22 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void register_atfork(void)
 {
     pthread_atfork(NULL, NULL, pool_after_fork);
+}
+
+/* Start returns once its helpers got as far as their first sleep (a
+ * second at most): the first large copy finds them there, and a process
+ * that forks right after never copies a thread that was still starting
+ * inside some library's locks (AddressSanitizer's allocator in a forked
+ * test child stayed locked for good that way). */
+static void wait_until_started(void)
+{
+    struct timespec deadline;
+    ferry_deadline_after_ms(&deadline, CLOCK_REALTIME, 1000);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.started < pool.n_threads &&
+           pthread_cond_timedwait(&pool.ready, &pool.lock, &deadline) == 0)
+        ;
+    pthread_mutex_unlock(&pool.lock);
 }
 
 void ferry_copy_helpers_start(unsigned threads, size_t parallel_min)
@@ -324,6 +350,7 @@ void ferry_copy_helpers_start(unsigned threads, size_t parallel_min)
             pool.n_threads++;
         }
         atomic_store(&pool.running, pool.n_threads);
+        wait_until_started();
     }
     pthread_mutex_unlock(&pool.life);
 }
@@ -340,6 +367,7 @@ void ferry_copy_helpers_stop(void)
         for (unsigned i = 0; i < pool.n_threads; i++)
             pthread_join(pool.threads[i], NULL);
         pool.n_threads = 0;
+        pool.started = 0;
     }
     pthread_mutex_unlock(&pool.life);
 }
