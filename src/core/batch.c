@@ -389,15 +389,11 @@ static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
     return status == FERRY_OK ? submit_slices(engine, req) : status;
 }
 
-/* FERRY_OK when the request went out (or finished), else why it FAILED. */
-static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
+/* The transport took none of the request's slices (status): FERRY_OK when
+ * a retry went out, else why the request FAILED. */
+static ferry_status_t launch_refused(ferry_engine_t *engine, request_state_t *req,
+                                     ferry_status_t status)
 {
-    atomic_store_explicit(&req->state, FERRY_XFER_PENDING, memory_order_release);
-    if (req->transport < 0) {
-        launch_local(engine, req);
-        return FERRY_OK;
-    }
-    ferry_status_t status = queue_slices(engine, req);
     if (status == FERRY_ERR_STALE || status == FERRY_ERR_PEER_FAILED ||
         status == FERRY_ERR_CONNECT) {
         /* The peer restarted or its link broke: drop that incarnation's
@@ -429,6 +425,18 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
         request_fail(req, status);
     }
     return status;
+}
+
+/* FERRY_OK when the request went out (or finished), else why it FAILED. */
+static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
+{
+    atomic_store_explicit(&req->state, FERRY_XFER_PENDING, memory_order_release);
+    if (req->transport < 0) {
+        launch_local(engine, req);
+        return FERRY_OK;
+    }
+    ferry_status_t status = queue_slices(engine, req);
+    return status == FERRY_OK ? FERRY_OK : launch_refused(engine, req, status);
 }
 
 /* Consecutive requests to the same peer through the same transport go to
@@ -534,10 +542,21 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
         !ferry_segment_still_current(req->segment, req->desc_version))
         return 0;
     /* A completed round left no error, no failure flag and no entry held. */
-    if ((req->local_entry = local_entry(batch->engine, req, NULL)) != NULL)
+    ferry_engine_t *engine = batch->engine;
+    if ((req->local_entry = local_entry(engine, req, NULL)) != NULL)
         batch->kept_entry = req->local_entry;
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
-    launch(batch->engine, req);
+    if (req->n_slices != 1 || !req->slices_made || req->slices_entry != req->local_entry) {
+        launch(engine, req);
+        return 1;
+    }
+    /* Its one slice as it was (the transport left its link to itself). */
+    req->slices[0].next = NULL;
+    atomic_store_explicit(&req->slices_left, 1, memory_order_relaxed);
+    atomic_store_explicit(&req->state, FERRY_XFER_PENDING, memory_order_release);
+    ferry_status_t status = submit_slices(engine, req);
+    if (status != FERRY_OK)
+        launch_refused(engine, req, status);
     return 1;
 }
 
