@@ -390,6 +390,17 @@ static inline ferry_ucx_peer_cache_t *ferry_ucx_peer_cache_of(const ferry_peer_t
         return NULL;
     return cache;
 }
+/* Whether the slot's kept key is key (by address) from the same descriptor,
+ * still in ep's table: a serial names one descriptor for the life of the
+ * process, and a descriptor's strings never change. */
+static inline int ferry_ucx_peer_cache_holds_key(const ferry_ucx_peer_cache_t *cache,
+                                                 const ferry_peer_t *peer,
+                                                 const ferry_ucx_ep_t *ep, const char *key)
+{
+    return cache->ep == ep && cache->key_serial != 0 &&
+           cache->key_serial == peer->descriptor_serial && cache->key == key &&
+           cache->key_flushes == ep->rkeys_flushes;
+}
 /* The same, if it is not failed or closed and was checked for liveness
  * lately: returned with ep->lock held.  NULL: use ferry_ucx_ep_get, then
  * ferry_ucx_ep_cache. */

@@ -457,15 +457,11 @@ static ferry_status_t ep_connect(ferry_ucx_t *ucx, ferry_ucx_ep_t *ep)
     return FERRY_OK;
 }
 
-static int liveness_due(ferry_ucx_ep_t *ep, uint64_t now)
-{
-    return ep->pid > 0 &&
-           ferry_ucx_since(atomic_load(&ep->checked_ms), now) >= FERRY_UCX_LIVENESS_MS;
-}
-
 int ferry_ucx_ep_liveness_due(ferry_ucx_ep_t *ep)
 {
-    return ep->pid > 0 && liveness_due(ep, ferry_ucx_time_ms());
+    return ep->pid > 0 && /* only then the clock */
+           ferry_ucx_since(atomic_load(&ep->checked_ms), ferry_ucx_time_ms()) >=
+               FERRY_UCX_LIVENESS_MS;
 }
 
 ferry_status_t ferry_ucx_ep_liveness_look(ferry_ucx_ep_t *ep)
@@ -510,13 +506,10 @@ void ferry_ucx_ep_cache(const ferry_peer_t *peer, ferry_ucx_ep_t *ep)
 ferry_status_t ferry_ucx_rkey_find(const ferry_peer_t *peer, ferry_ucx_ep_t *ep, const char *key,
                                    ferry_ucx_rkey_t **entry_p)
 {
-    /* A serial names one descriptor for the life of the process, and a
-     * descriptor's strings never change: the same serial and address are
-     * the same key, without a look at its text (hashing and comparing a
-     * packed key took 140 instructions of a 1,300-instruction 8 B write). */
+    /* No look at the key's text: hashing and comparing a packed key took
+     * 140 instructions of a 1,300-instruction 8 B write. */
     ferry_ucx_peer_cache_t *cache = peer->cache ? *peer->cache : NULL;
-    if (cache != NULL && cache->ep == ep && cache->key_serial == peer->descriptor_serial &&
-        cache->key_serial != 0 && cache->key == key && cache->key_flushes == ep->rkeys_flushes) {
+    if (cache != NULL && ferry_ucx_peer_cache_holds_key(cache, peer, ep, key)) {
         *entry_p = cache->key_entry;
         return FERRY_OK;
     }
@@ -549,7 +542,7 @@ ferry_status_t ferry_ucx_ep_get(ferry_ucx_t *ucx, const ferry_peer_t *peer,
     ferry_ucx_ep_t **slot;
     ferry_ucx_ep_t *ep = table_find(ucx, peer, &slot);
     uint64_t now = ferry_ucx_time_ms();
-    if (ep != NULL && ep->state == FERRY_UCX_EP_READY && liveness_due(ep, now)) {
+    if (ep != NULL && ep->state == FERRY_UCX_EP_READY && ferry_ucx_ep_liveness_due(ep)) {
         /* The peer may have died since we last looked: a request into a dead
          * process's FIFO would only fail at the deadline, and a write into
          * its attached memory would even "succeed". */

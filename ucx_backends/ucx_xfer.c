@@ -388,8 +388,7 @@ static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_
     if (ep->closed || atomic_load(&ep->failed) != 0 || ep->n_rkeys > ucx->settings.rkey_cache ||
         atomic_load(&ep->keys_stale))
         goto not_short;
-    if (cache->key_serial == peer->descriptor_serial && cache->key_serial != 0 &&
-        cache->key == slice->remote_key && cache->key_flushes == ep->rkeys_flushes &&
+    if (ferry_ucx_peer_cache_holds_key(cache, peer, ep, slice->remote_key) &&
         cache->direct_addr == slice->remote_addr && cache->direct_length == slice->length) {
         remote = cache->direct_ptr; /* the last copy's place again (a ping-pong's) */
     } else {
@@ -404,8 +403,6 @@ static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_
     }
     if (slice->opcode == FERRY_OP_READ)
         memcpy(slice->local, remote, slice->length);
-    else if (slice->length < 64) /* ferry_copy_to_peer's too, without the call */
-        memcpy(remote, slice->local, slice->length);
     else
         ferry_copy_to_peer(remote, slice->local, slice->length);
     /* The liveness look comes after the copy, off the path a ping-pong

@@ -546,17 +546,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
     if ((req->local_entry = local_entry(engine, req, NULL)) != NULL)
         batch->kept_entry = req->local_entry;
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
-    if (req->n_slices != 1 || !req->slices_made || req->slices_entry != req->local_entry) {
-        launch(engine, req);
-        return 1;
-    }
-    /* Its one slice as it was (the transport left its link to itself). */
-    req->slices[0].next = NULL;
-    atomic_store_explicit(&req->slices_left, 1, memory_order_relaxed);
-    atomic_store_explicit(&req->state, FERRY_XFER_PENDING, memory_order_release);
-    ferry_status_t status = submit_slices(engine, req);
-    if (status != FERRY_OK)
-        launch_refused(engine, req, status);
+    launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
     return 1;
 }
 

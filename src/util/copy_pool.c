@@ -180,10 +180,6 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
      * rewritten in a loop, as ucx_perftest does) stays with the caller:
      * two threads storing to the same lines only pass them back and forth
      * (64 KiB blocks: 42 GB/s alone, 19 shared). */
-    if (count == 1 && items[0].length < 64) { /* a flag or a counter: a few stores */
-        memcpy(items[0].dst, items[0].src, items[0].length);
-        return;
-    }
     size_t total = 0;
     int rewrites = 0;
     for (size_t i = 0; i < count; i++) {
