@@ -702,18 +702,27 @@ Test(ucx, notify_arrives_through_ucx_after_the_data)
     peer_stop(&peer);
 }
 
-/* ferry_info shows UCX's version, the transports it found and the settings. */
-Test(ucx, ferry_info_shows_ucx)
+/* What ferry_info ARGS prints with ENV before it ("NAME=VALUE ..."). */
+static const char *info_output(const char *env, const char *args)
 {
+    static char output[1 << 16];
+    char command[1024];
     const char *info = getenv("FERRY_INFO");
     cr_assert_not_null(info);
-    char command[1024], output[1 << 16];
-    snprintf(command, sizeof(command), "%s; %s -c", info, info);
+    snprintf(command, sizeof(command), "%s %s %s", env, info, args);
     FILE *pipe = popen(command, "r");
     cr_assert_not_null(pipe);
     size_t n = fread(output, 1, sizeof(output) - 1, pipe);
     output[n] = '\0';
     cr_assert_eq(pclose(pipe), 0);
+    return output;
+}
+
+/* ferry_info shows UCX's version, the transports it found and the settings. */
+Test(ucx, ferry_info_shows_ucx)
+{
+    /* One command: info_output's buffer holds one output at a time. */
+    const char *output = info_output("", "; $FERRY_INFO -c");
     const char *expected[] = {"transport ucx", "ucx: UCX 1.", "transports: ", "self/",
                               "FERRY_UCX_WORKERS=", "FERRY_UCX_PROGRESS=", "FERRY_UCX_TIMEOUT=",
                               "FERRY_UCX_SPIN=", "FERRY_UCX_SLICE_SIZE=",
@@ -721,6 +730,24 @@ Test(ucx, ferry_info_shows_ucx)
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         cr_assert(strstr(output, expected[i]) != NULL, "missing %s in:\n%s", expected[i],
                   output);
+}
+
+/* ferry_info lists the UCX defaults the plugin changes, and a user's own
+ * choice (here a receive segment, which bounds the send segment) keeps
+ * UCX's. */
+static int info_mentions(const char *env, const char *text)
+{
+    return strstr(info_output(env, ""), text) != NULL;
+}
+
+Test(ucx, ferry_info_lists_the_changed_ucx_defaults)
+{
+    cr_assert(info_mentions("", "UCX_TCP_TX_SEG_SIZE=64K"));
+    cr_assert(info_mentions("", "UCX_POSIX/SYSV_ERROR_HANDLING=y"));
+    cr_assert(!info_mentions("UCX_TCP_RX_SEG_SIZE=32K", "UCX_TCP_TX_SEG_SIZE="));
+    cr_assert(!info_mentions("UCX_TLS=sm,self", "UCX_TCP_TX_SEG_SIZE="),
+              "no tcp transport, nothing to change");
+    cr_assert(!info_mentions("UCX_POSIX_ERROR_HANDLING=n", "ERROR_HANDLING=y"));
 }
 
 /* A bad setting is refused with a clear error, not a crash. */

@@ -71,31 +71,83 @@ static char *context_resources(ucp_context_h context)
     return out ? out : strdup("");
 }
 
-/* posix, sysv or xpmem: the transports that honour MM_ERROR_HANDLING. */
-static int has_mm_transport(const char *resources)
+/*
+ * UCX defaults the plugin changes, each only where the user set none of the
+ * variables named and the context has a transport the key applies to.  A
+ * key that no transport of the context reads makes UCX warn at every
+ * worker's creation (and a tcp key with UCX_TLS=sm,self fails the worker's
+ * interfaces), so the context is made again without it.
+ *
+ * MM_ERROR_HANDLING=y: UCX 1.13 (Debian) leaves posix and sysv shared
+ * memory out of endpoints with peer error handling, and such an endpoint
+ * silently falls back to TCP over loopback (about 50x slower).  Every
+ * endpoint of ours uses peer error handling.  The uct tables share the MM_
+ * prefix, the one key ucp_config_modify reaches both through.
+ *
+ * TX_SEG_SIZE=64K (tcp's UCX_TCP_TX_SEG_SIZE; ucp_config_modify matches the
+ * key inside the transport's table, without its prefix): UCX's tcp lane
+ * sends an active message in pieces of this size, each a system call that
+ * over loopback also runs the receiver's TCP stack, and the 8 KiB default
+ * cuts a 64 KiB write into eight (9 sendto per 64 KiB eager write -> 2;
+ * 64 KiB writes 1.1 -> 2.2-2.5 GB/s, 1 MiB 1.2 -> 3.1-3.3 over loopback:
+ * doc/performance.md).  A buffer of that size is taken per endpoint only
+ * while a send is in progress; it stays within the default receive
+ * segment, which the user's UCX_TCP_RX_SEG_SIZE may shrink, so either
+ * variable set leaves both alone.
+ */
+typedef struct changed_default {
+    const char *key, *value;
+    const char *variable; /* the user's name of what changes, for ferry_info */
+    const char *transports[3]; /* resource prefixes that read the key */
+    const char *user_keys[4];  /* any of these set: the user chose */
+    const char *failure;       /* what is lost when UCX refuses it */
+} changed_default_t;
+
+static const changed_default_t changed_defaults[] = {
+    {"MM_ERROR_HANDLING", "y", "UCX_POSIX/SYSV_ERROR_HANDLING", {"posix/", "sysv/", "xpmem/"},
+     {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_MM_ERROR_HANDLING",
+      "UCX_XPMEM_ERROR_HANDLING"},
+     "same-host peers may fall back to TCP"},
+    {"TX_SEG_SIZE", FERRY_UCX_TCP_TX_SEGMENT, "UCX_TCP_TX_SEG_SIZE", {"tcp/"},
+     {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"},
+     "large writes over tcp take more system calls"},
+};
+enum { ALL_CHANGED_DEFAULTS = (1u << FERRY_UCX_ARRAY_SIZE(changed_defaults)) - 1 };
+
+static int user_chose(const changed_default_t *d)
 {
-    static const char *const names[] = {"posix/", "sysv/", "xpmem/"};
-    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(names); i++)
-        if (resources && strstr(resources, names[i]))
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(d->user_keys); i++)
+        if (d->user_keys[i] != NULL && getenv(d->user_keys[i]) != NULL)
             return 1;
     return 0;
 }
 
-static int user_set_shm_error_handling(void)
+/* The changed defaults the user set a variable of (bit i: changed_defaults[i]). */
+static unsigned user_chosen_defaults(void)
 {
-    return getenv("UCX_POSIX_ERROR_HANDLING") || getenv("UCX_SYSV_ERROR_HANDLING") ||
-           getenv("UCX_MM_ERROR_HANDLING") || getenv("UCX_XPMEM_ERROR_HANDLING");
+    unsigned mask = 0;
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++)
+        if (user_chose(&changed_defaults[i]))
+            mask |= 1u << i;
+    return mask;
 }
 
-/*
- * UCX 1.13 (Debian) leaves posix and sysv shared memory out of endpoints
- * with peer error handling (UCX_{POSIX,SYSV}_ERROR_HANDLING=n), and such an
- * endpoint silently falls back to TCP over loopback (about 50x slower).
- * Every endpoint of ours uses peer error handling, so turn them on unless
- * the user chose.  The uct tables share the MM_ prefix, the one key
- * ucp_config_modify can reach both through.
- */
-static ferry_status_t config_read(int shm_error_handling, ucp_config_t **config_p)
+/* The changed defaults (bit i: changed_defaults[i]) this context's
+ * resources ("self/memory0 tcp/lo ...") read and the user left alone. */
+static unsigned defaults_that_apply(const char *resources)
+{
+    unsigned mask = 0;
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
+        const changed_default_t *d = &changed_defaults[i];
+        for (size_t t = 0; t < FERRY_UCX_ARRAY_SIZE(d->transports); t++)
+            if (d->transports[t] != NULL && resources != NULL &&
+                strstr(resources, d->transports[t]) != NULL && !user_chose(d))
+                mask |= 1u << i;
+    }
+    return mask;
+}
+
+static ferry_status_t config_read(unsigned defaults, ucp_config_t **config_p)
 {
     ucp_config_t *config;
     ucs_status_t status = ucp_config_read(NULL, NULL, &config);
@@ -114,21 +166,23 @@ static ferry_status_t config_read(int shm_error_handling, ucp_config_t **config_
             ferry_warn("ucx: cannot select mutexes for multi-threaded workers: %s",
                        ucs_status_string(status));
     }
-    if (shm_error_handling && !user_set_shm_error_handling()) {
-        status = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
+        const changed_default_t *d = &changed_defaults[i];
+        if (!(defaults & (1u << i)) || user_chose(d))
+            continue;
+        status = ucp_config_modify(config, d->key, d->value);
         if (status != UCS_OK)
-            ferry_warn("ucx: cannot enable shared memory with peer error handling (%s); "
-                       "same-host peers may fall back to TCP", ucs_status_string(status));
+            ferry_warn("ucx: cannot set %s=%s (%s); %s", d->key, d->value,
+                       ucs_status_string(status), d->failure);
     }
     *config_p = config;
     return FERRY_OK;
 }
 
-static ferry_status_t context_init(int shm_error_handling, unsigned workers,
-                                   ucp_context_h *context_p)
+static ferry_status_t context_init(unsigned defaults, unsigned workers, ucp_context_h *context_p)
 {
     ucp_config_t *config;
-    ferry_status_t result = config_read(shm_error_handling, &config);
+    ferry_status_t result = config_read(defaults, &config);
     if (result != FERRY_OK)
         return result;
     ucp_params_t params = {
@@ -147,19 +201,20 @@ static ferry_status_t context_init(int shm_error_handling, unsigned workers,
     return FERRY_OK;
 }
 
-/* A context with shared memory usable under peer error handling.  Without
- * posix/sysv resources (UCX_TLS=tcp) the modified key would only make UCX
- * warn on every worker, so that context is made again without it. */
+/* A context with the changed defaults its transports read (UCX reads keys
+ * at worker creation, so a context made with all of them only to list its
+ * resources costs no warning). */
 static ferry_status_t context_create(unsigned workers, ucp_context_h *context_p,
                                      char **resources_p)
 {
-    ferry_status_t status = context_init(1, workers, context_p);
+    ferry_status_t status = context_init(ALL_CHANGED_DEFAULTS, workers, context_p);
     if (status != FERRY_OK)
         return status;
     char *resources = context_resources(*context_p);
-    if (!has_mm_transport(resources) && !user_set_shm_error_handling()) {
+    unsigned defaults = defaults_that_apply(resources);
+    if ((defaults | user_chosen_defaults()) != ALL_CHANGED_DEFAULTS) {
         ucp_cleanup(*context_p);
-        status = context_init(0, workers, context_p);
+        status = context_init(defaults, workers, context_p);
         if (status != FERRY_OK) {
             free(resources);
             return status;
@@ -528,14 +583,18 @@ void ferry_ucx_print_info(FILE *out)
             UCP_API_MAJOR, UCP_API_MINOR);
     ucp_context_h context;
     char *resources = NULL;
-    if (context_create(1, &context, &resources) == FERRY_OK) {
-        fprintf(out, ", transports: %s\n", resources && *resources ? resources : "none");
-        ucp_cleanup(context);
-    } else {
+    if (context_create(1, &context, &resources) != FERRY_OK) {
         fprintf(out, ", no usable transport (ucp_init failed)\n");
+        return;
     }
+    fprintf(out, ", transports: %s\n", resources && *resources ? resources : "none");
+    ucp_cleanup(context);
+    unsigned defaults = defaults_that_apply(resources);
     free(resources);
-    if (!user_set_shm_error_handling())
-        fprintf(out, "ucx: posix/sysv shared memory enabled for peer error handling "
-                     "(UCX_MM_ERROR_HANDLING=y unless UCX_POSIX/SYSV_ERROR_HANDLING are set)\n");
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
+        const changed_default_t *d = &changed_defaults[i];
+        if (defaults & (1u << i))
+            fprintf(out, "ucx: %s=%s (the plugin's default; setting %s keeps the user's)\n",
+                    d->variable, d->value, d->user_keys[0]);
+    }
 }
