@@ -732,14 +732,14 @@ Test(ucx, ferry_info_shows_ucx)
                   output);
 }
 
-/* ferry_info lists the UCX defaults the plugin changes, and a user's own
- * choice (here a receive segment, which bounds the send segment) keeps
- * UCX's. */
 static int info_mentions(const char *env, const char *text)
 {
     return strstr(info_output(env, ""), text) != NULL;
 }
 
+/* ferry_info lists the UCX defaults the plugin changes, and a user's own
+ * choice (here a receive segment, which bounds the send segment) keeps
+ * UCX's. */
 Test(ucx, ferry_info_lists_the_changed_ucx_defaults)
 {
     cr_assert(info_mentions("", "UCX_TCP_TX_SEG_SIZE=64K"));

@@ -67,9 +67,6 @@ enum {
  * looks at the worker at least this often: another caller's completions
  * may wait on it. */
 #define FERRY_UCX_PARK_MAX_MS 1u
-/* UCX_TCP_TX_SEG_SIZE unless the user sets it or UCX_TCP_RX_SEG_SIZE
- * (ucx_context.c): UCX's default receive segment. */
-#define FERRY_UCX_TCP_TX_SEGMENT "64K"
 /* While callers poll a worker its thread naps, SPIN microseconds first and
  * twice as long each time it finds them still polling, up to this: a
  * caller that stops polling without going to sleep in ferry_batch_wait

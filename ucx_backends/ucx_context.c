@@ -94,25 +94,43 @@ static char *context_resources(ucp_context_h context)
  * while a send is in progress; it stays within the default receive
  * segment, which the user's UCX_TCP_RX_SEG_SIZE may shrink, so either
  * variable set leaves both alone.
+ *
+ * USE_MT_MUTEX=y: our workers are UCS_THREAD_MODE_MULTI (callers post
+ * while a progress thread progresses).  With UCX's default spinlock a
+ * thread preempted inside UCX (two engines on two cores, or any
+ * oversubscribed host) makes every other one spin for its whole time
+ * slice: measured 2.8 ms per 4 KiB write instead of 75 us.  A mutex sleeps
+ * instead.  The ucp layer reads it, whatever the transports ("").
  */
 typedef struct changed_default {
     const char *key, *value;
-    const char *variable; /* the user's name of what changes, for ferry_info */
-    const char *transports[3]; /* resource prefixes that read the key */
+    const char *variable;      /* the user's name of what changes, for ferry_info */
+    const char *transports[3]; /* resource prefixes that read the key ("": any) */
     const char *user_keys[4];  /* any of these set: the user chose */
     const char *failure;       /* what is lost when UCX refuses it */
 } changed_default_t;
 
 static const changed_default_t changed_defaults[] = {
-    {"MM_ERROR_HANDLING", "y", "UCX_POSIX/SYSV_ERROR_HANDLING", {"posix/", "sysv/", "xpmem/"},
+    {"USE_MT_MUTEX",
+     "y",
+     "UCX_USE_MT_MUTEX",
+     {""},
+     {"UCX_USE_MT_MUTEX"},
+     "a thread preempted inside UCX makes the others spin"},
+    {"MM_ERROR_HANDLING",
+     "y",
+     "UCX_POSIX/SYSV_ERROR_HANDLING",
+     {"posix/", "sysv/", "xpmem/"},
      {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_MM_ERROR_HANDLING",
       "UCX_XPMEM_ERROR_HANDLING"},
      "same-host peers may fall back to TCP"},
-    {"TX_SEG_SIZE", FERRY_UCX_TCP_TX_SEGMENT, "UCX_TCP_TX_SEG_SIZE", {"tcp/"},
+    {"TX_SEG_SIZE",
+     "64K",
+     "UCX_TCP_TX_SEG_SIZE",
+     {"tcp/"},
      {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"},
      "large writes over tcp take more system calls"},
 };
-enum { ALL_CHANGED_DEFAULTS = (1u << FERRY_UCX_ARRAY_SIZE(changed_defaults)) - 1 };
 
 static int user_chose(const changed_default_t *d)
 {
@@ -122,28 +140,28 @@ static int user_chose(const changed_default_t *d)
     return 0;
 }
 
-/* The changed defaults the user set a variable of (bit i: changed_defaults[i]). */
-static unsigned user_chosen_defaults(void)
+/* The changed defaults (bit i: changed_defaults[i]) whose variables the
+ * user left unset. */
+static unsigned defaults_left_to_us(void)
 {
     unsigned mask = 0;
     for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++)
-        if (user_chose(&changed_defaults[i]))
+        if (!user_chose(&changed_defaults[i]))
             mask |= 1u << i;
     return mask;
 }
 
-/* The changed defaults (bit i: changed_defaults[i]) this context's
- * resources ("self/memory0 tcp/lo ...") read and the user left alone. */
-static unsigned defaults_that_apply(const char *resources)
+/* The changed defaults a transport of these resources ("self/memory0
+ * tcp/lo ...") reads. */
+static unsigned defaults_read_by(const char *resources)
 {
     unsigned mask = 0;
-    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
-        const changed_default_t *d = &changed_defaults[i];
-        for (size_t t = 0; t < FERRY_UCX_ARRAY_SIZE(d->transports); t++)
-            if (d->transports[t] != NULL && resources != NULL &&
-                strstr(resources, d->transports[t]) != NULL && !user_chose(d))
+    for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++)
+        for (size_t t = 0; t < FERRY_UCX_ARRAY_SIZE(changed_defaults[i].transports); t++) {
+            const char *transport = changed_defaults[i].transports[t];
+            if (transport != NULL && resources != NULL && strstr(resources, transport) != NULL)
                 mask |= 1u << i;
-    }
+        }
     return mask;
 }
 
@@ -155,20 +173,9 @@ static ferry_status_t config_read(unsigned defaults, ucp_config_t **config_p)
         ferry_error("ucx: cannot read the UCX_* configuration: %s", ucs_status_string(status));
         return FERRY_ERR_INVALID_PARAM;
     }
-    /* Our workers are UCS_THREAD_MODE_MULTI: callers post while a progress
-     * thread progresses.  With UCX's default spinlock a thread preempted
-     * inside UCX (two engines on two cores, or any oversubscribed host)
-     * makes every other one spin for its whole time slice: measured 2.8 ms
-     * per 4 KiB write instead of 75 us.  A mutex sleeps instead. */
-    if (getenv("UCX_USE_MT_MUTEX") == NULL) {
-        status = ucp_config_modify(config, "USE_MT_MUTEX", "y");
-        if (status != UCS_OK)
-            ferry_warn("ucx: cannot select mutexes for multi-threaded workers: %s",
-                       ucs_status_string(status));
-    }
     for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
         const changed_default_t *d = &changed_defaults[i];
-        if (!(defaults & (1u << i)) || user_chose(d))
+        if (!(defaults & (1u << i)))
             continue;
         status = ucp_config_modify(config, d->key, d->value);
         if (status != UCS_OK)
@@ -186,8 +193,8 @@ static ferry_status_t context_init(unsigned defaults, unsigned workers, ucp_cont
     if (result != FERRY_OK)
         return result;
     ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME,
+        .field_mask =
+            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = workers > 1,
         .name = "ferry",
@@ -201,18 +208,18 @@ static ferry_status_t context_init(unsigned defaults, unsigned workers, ucp_cont
     return FERRY_OK;
 }
 
-/* A context with the changed defaults its transports read (UCX reads keys
- * at worker creation, so a context made with all of them only to list its
- * resources costs no warning). */
-static ferry_status_t context_create(unsigned workers, ucp_context_h *context_p,
-                                     char **resources_p)
+/* A context with the changed defaults the user left to us and its
+ * transports read (UCX reads keys at worker creation, so a context made
+ * with all of them only to list its resources costs no warning). */
+static ferry_status_t context_create(unsigned workers, ucp_context_h *context_p, char **resources_p)
 {
-    ferry_status_t status = context_init(ALL_CHANGED_DEFAULTS, workers, context_p);
+    unsigned wanted = defaults_left_to_us();
+    ferry_status_t status = context_init(wanted, workers, context_p);
     if (status != FERRY_OK)
         return status;
     char *resources = context_resources(*context_p);
-    unsigned defaults = defaults_that_apply(resources);
-    if ((defaults | user_chosen_defaults()) != ALL_CHANGED_DEFAULTS) {
+    unsigned defaults = wanted & defaults_read_by(resources);
+    if (defaults != wanted) {
         ucp_cleanup(*context_p);
         status = context_init(defaults, workers, context_p);
         if (status != FERRY_OK) {
@@ -457,8 +464,7 @@ static ferry_status_t worker_create(ferry_ucx_t *ucx, ferry_ucx_worker_t *w, cha
         return FERRY_ERR_NO_RESOURCE;
     }
     ucp_worker_attr_t attr = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE};
-    if (ucp_worker_query(w->worker, &attr) == UCS_OK &&
-        attr.thread_mode != UCS_THREAD_MODE_MULTI) {
+    if (ucp_worker_query(w->worker, &attr) == UCS_OK && attr.thread_mode != UCS_THREAD_MODE_MULTI) {
         ferry_error("ucx: this UCX has no multi-threaded workers (built without "
                     "--enable-mt)");
         return FERRY_ERR_UNSUPPORTED;
@@ -579,8 +585,8 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx)
 
 void ferry_ucx_print_info(FILE *out)
 {
-    fprintf(out, "ucx: UCX %s (built against %d.%d)", ucp_get_version_string(),
-            UCP_API_MAJOR, UCP_API_MINOR);
+    fprintf(out, "ucx: UCX %s (built against %d.%d)", ucp_get_version_string(), UCP_API_MAJOR,
+            UCP_API_MINOR);
     ucp_context_h context;
     char *resources = NULL;
     if (context_create(1, &context, &resources) != FERRY_OK) {
@@ -589,7 +595,7 @@ void ferry_ucx_print_info(FILE *out)
     }
     fprintf(out, ", transports: %s\n", resources && *resources ? resources : "none");
     ucp_cleanup(context);
-    unsigned defaults = defaults_that_apply(resources);
+    unsigned defaults = defaults_left_to_us() & defaults_read_by(resources);
     free(resources);
     for (size_t i = 0; i < FERRY_UCX_ARRAY_SIZE(changed_defaults); i++) {
         const changed_default_t *d = &changed_defaults[i];
