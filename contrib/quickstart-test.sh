@@ -20,6 +20,14 @@ fi
 jobs=$(nproc)
 summary=""
 status=0
+# A failed program's own words, gathered for the end of this output (CI
+# shows only its end): Criterion's failure lines and any sanitizer or retry
+# messages, without the engine's log lines (kept in the log), at most 80.
+failures=$(mktemp)
+report_failed() {
+    echo "==> $1 (failed; engine log lines left out, see the file)"
+    grep -v '^\[[0-9.]*\] ferry\[' "$1" | tail -n 80
+} >>"$failures"
 run_suite() {
     dir=$1; shift
     rm -rf "$dir" && mkdir -p "$dir"
@@ -28,7 +36,10 @@ run_suite() {
     (cd "$dir" && make -j"$jobs" check) || rc=$?
     for log in "$dir"/test_*.log; do
         [ -f "$log" ] || continue
-        echo "==> $log"; tail -n 3 "$log"
+        case "$(tail -n 1 "$log")" in
+        PASS* | SKIP*) echo "$(tail -n 1 "$log")" ;;
+        *) report_failed "$log" ;;
+        esac
     done
     # Count Criterion's tests (its "Synthesis:" line), not test binaries.
     pass=$(cat "$dir"/test_*.log 2>/dev/null | sed -n 's/.*Passing: \([0-9]*\).*/\1/p' |
@@ -45,5 +56,6 @@ run_suite build-check || status=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize --enable-sanitizers --enable-debug || status=1
+cat "$failures"; rm -f "$failures"
 printf '%s' "$summary"
 exit $status
