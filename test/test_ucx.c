@@ -850,6 +850,17 @@ Test(ucx, forged_descriptor_cannot_make_an_eager_write_reach_past_a_registration
         cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 1, across, NULL),
                      FERRY_ERR_OUT_OF_RANGE, "%zu bytes across its end", across);
     }
+    /* A write longer than FERRY_UCX_EAGER_PIECE goes in pieces, each checked
+     * against the whole write: the pieces inside the registration are
+     * refused with the rest. */
+    const size_t whole = 256 * 1024, inside = 192 * 1024;
+    char kept[64];
+    snprintf(kept, sizeof(kept), "%s", peer_cmd(&peer, "sum %zu %zu", MIB - inside, inside));
+    test_pattern_fill(local, whole, 23);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - inside, whole, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write of pieces across the end");
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB - inside, inside), kept,
+                     "a refused write's first pieces were written");
     test_pattern_fill(local, 4 * 64 * 1024, 22);
     for (int refused = 0; refused < 4; refused++) {
         cr_assert_neq(write_run(segment, peer.arena, refused), FERRY_OK, "refused: %d", refused);

@@ -98,6 +98,7 @@ typedef struct ferry_ucx_settings {
     unsigned rkey_cache;
     int same_host_emulated;
     size_t eager_write;
+    size_t eager_piece;
 } ferry_ucx_settings_t;
 
 typedef struct ferry_ucx ferry_ucx_t;
@@ -326,17 +327,18 @@ int ferry_ucx_eager_fits(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice);
  * messages in order (ep->am_ordered) they share one acknowledgement, which
  * the last asks for; elsewhere each asks for its own. */
 typedef struct ferry_ucx_eager_run {
-    void *slots;      /* a header slot per eager write and one spare, made at the
+    void *slots;      /* a header slot per eager message and one spare, made at the
                          first post (a submit of copies into attached memory
                          needs none): the group's payload */
     size_t used;      /* slots used */
-    size_t left;      /* eager slices of the submit not posted yet */
+    size_t left;      /* eager messages of the submit not posted yet */
     uint64_t open_id; /* the acknowledgement the writes posted so far wait for; 0: none */
 } ferry_ucx_eager_run_t;
-/* Count the submit's eager slices. */
+/* Count the submit's eager messages (a slice goes in settings.eager_piece pieces). */
 void ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
                               const ferry_slice_t *slices);
-/* Send the slice as an eager write of the group; caller holds ep->lock. */
+/* Send the slice as eager writes of the group, one per piece; caller holds
+ * ep->lock. */
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
                                   const ferry_slice_t *slice);
 /* After the last post (group: the submit's, or NULL): a run that stopped

@@ -43,9 +43,14 @@ const ferry_setting_t ferry_ucx_settings_table[] = {
             "reaches them (n: ucx serves them only as a last resort)", same_host_emulated,
             FERRY_SETTING_BOOL),
     SETTING("EAGER_WRITE", "4m", "write slices up to this size to a peer none of whose lanes "
-            "does RMA (tcp) go as one active message the target bounds-checks, copies and "
+            "does RMA (tcp) go as active messages the target bounds-checks, copies and "
             "acknowledges, instead of UCX's emulated put and flush (0: always ucp_put_nbx)",
             eager_write, FERRY_SETTING_SIZE),
+    SETTING("EAGER_PIECE", "60k", "where one lane carries a peer's active messages (tcp), "
+            "eager writes go in pieces of at most this size, each one 64k tcp send segment "
+            "with its headers, so the target's UCX does not gather them first (0: a message "
+            "per write; below 4k refused; lower it with UCX_TCP_TX_SEG_SIZE)",
+            eager_piece, FERRY_SETTING_SIZE),
 };
 const size_t ferry_ucx_settings_count = FERRY_UCX_ARRAY_SIZE(ferry_ucx_settings_table);
 
@@ -150,6 +155,10 @@ static ferry_status_t parse_settings(ferry_ucx_t *ucx)
     }
     if (s->slice_size != 0 && s->slice_size < 4096) {
         ferry_error("FERRY_UCX_SLICE_SIZE=%zu is below the minimum of 4k", s->slice_size);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (s->eager_piece != 0 && s->eager_piece < 4096) {
+        ferry_error("FERRY_UCX_EAGER_PIECE=%zu is below the minimum of 4k", s->eager_piece);
         return FERRY_ERR_INVALID_PARAM;
     }
     if (s->rkey_cache < 1) {
