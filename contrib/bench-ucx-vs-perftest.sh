@@ -2,7 +2,8 @@
 # Compare ferry_bench over the ucx transport with ucx_perftest (package
 # ucx-utils) in one run on this host: same UCX_TLS, peer error handling on
 # both sides, one initiator thread, one buffer of the message size on each
-# side.  Prints each run and the medians of $RUNS runs.
+# side.  Prints each run, the medians of $RUNS runs, and the median of the
+# runs' own ratios (each run's ferry and perftest ran back to back).
 #
 # Usage: contrib/bench-ucx-vs-perftest.sh [BUILD_DIR]   (default: the source tree)
 # Environment: RUNS (5), SECONDS_PER_RUN (3), TLS_LIST ("sm,self tcp"),
@@ -77,15 +78,21 @@ ferry_pingpong() { # tls
         --duration="$seconds" | sed -n 's/^PINGPONG.* median_us=\([0-9.]*\).*/\1/p'
 }
 
+# ferry/perftest of one pair of numbers, > 1 where ferry is ahead.
+ratio() { # ferry perftest higher_is_better
+    awk -v f="$1" -v p="$2" -v h="$3" \
+        'BEGIN {if (f > 0 && p > 0) printf "%.2f\n", h == 1 ? f / p : p / f}'
+}
+
+# The ratio of the medians, and the median of each run's ratio: the two
+# programs of one run ran back to back, so a VM that changes speed for a
+# while moves both, where the medians of each side can pair a fast run
+# with a slow one.
 report() { # label unit ferry_file perftest_file higher_is_better
     f=$(median < "$3"); p=$(median < "$4")
-    if [ "$5" = 1 ]; then
-        ratio=$(awk -v f="$f" -v p="$p" 'BEGIN {printf "%.2f", f / p}')
-    else
-        ratio=$(awk -v f="$f" -v p="$p" 'BEGIN {printf "%.2f", p / f}')
-    fi
-    printf '%-34s ferry %9s %-5s perftest %9s %-5s ferry/perftest %s\n' "$1" "$f" "$2" "$p" "$2" \
-        "$ratio"
+    by_run=$(paste "$3" "$4" | while read -r a b; do ratio "$a" "$b" "$5"; done | median)
+    printf '%-34s ferry %9s %-5s perftest %9s %-5s ferry/perftest %s (run by run %s)\n' \
+        "$1" "$f" "$2" "$p" "$2" "$(ratio "$f" "$p" "$5")" "$by_run"
 }
 
 tmp=$(mktemp -d)
@@ -112,7 +119,8 @@ done
 echo "medians of $runs runs (GB/s = 10^9 bytes/s; latency: ucx_perftest ucp_put_lat's typical"
 echo "value (half a ping-pong of puts) against ferry_bench --pingpong (half a ping-pong of"
 echo "completed writes) and against --latency (one write, submit to completion, which waits"
-echo "for the target's acknowledgement: a full round trip); ratio > 1 is ferry ahead):"
+echo "for the target's acknowledgement: a full round trip); ratio > 1 is ferry ahead; run by"
+echo "run: the median of each run's ratio):"
 for tls in $tls_list; do
     t=$(echo "$tls" | tr ',' '_')
     for size in $sizes; do
