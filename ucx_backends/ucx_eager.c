@@ -76,8 +76,8 @@ typedef struct pack_state {
     size_t length;
 } pack_state_t;
 
-/* Per eager write, in the group's payload until the group is done: the
- * header and the pack state outlive the send. */
+/* Per eager message (a piece of a write), in the group's payload until the
+ * group is done: the header and the pack state outlive the send. */
 typedef struct eager_slot {
     eager_write_header_t header;
     pack_state_t pack;
