@@ -36,8 +36,9 @@ run_suite() {
     (cd "$dir" && make -j"$jobs" check) || rc=$?
     for log in "$dir"/test_*.log; do
         [ -f "$log" ] || continue
-        case "$(tail -n 1 "$log")" in
-        PASS* | SKIP*) echo "$(tail -n 1 "$log")" ;;
+        result=$(tail -n 1 "$log")
+        case "$result" in
+        PASS* | SKIP*) echo "$result" ;;
         *) report_failed "$log" ;;
         esac
     done

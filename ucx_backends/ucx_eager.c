@@ -433,11 +433,15 @@ static ferry_status_t refusal_kept(ferry_ucx_worker_t *w, ucp_ep_h reply_ep, uin
 }
 
 /* Copy one piece into place if its whole write lies inside a live,
- * remote-writable registration; else access_acquire said why. */
+ * remote-writable registration; else say why. */
 static ferry_status_t write_apply(const ferry_transport_services_t *svc,
                                   const eager_write_header_t *hdr, const void *data,
-                                  size_t length)
+                                  size_t length, const ucp_am_recv_param_t *param)
 {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) { /* we send eager only */
+        ferry_warn("ucx: refused a rendezvous eager write of %zu bytes", length);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     if (hdr->length == 0 && length == 0)
         return FERRY_OK; /* only a request for the acknowledgement */
     if (hdr->offset > hdr->length || length > hdr->length - hdr->offset) {
@@ -470,14 +474,8 @@ static ucs_status_t write_received(void *arg, const void *header, size_t header_
     /* A run with a refusal fails as a whole: the rest of it is not applied
      * (nor refused, and logged, piece by piece). */
     ferry_status_t status = refusal_kept(w, param->reply_ep, hdr.id, last);
-    if (status != FERRY_OK) {
-        /* kept, or taken for the answer */
-    } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) { /* we send eager only */
-        ferry_warn("ucx: refused a rendezvous eager write of %zu bytes", length);
-        status = FERRY_ERR_INVALID_PARAM;
-    } else {
-        status = write_apply(&w->ucx->svc, &hdr, data, length);
-    }
+    if (status == FERRY_OK)
+        status = write_apply(&w->ucx->svc, &hdr, data, length, param);
     if (!last) {
         if (status != FERRY_OK)
             refusal_keep(w, param->reply_ep, hdr.id, status);

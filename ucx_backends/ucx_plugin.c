@@ -124,6 +124,15 @@ ferry_status_t ferry_ucx_status(ucs_status_t status)
     }
 }
 
+/* A size setting that cuts: 0 (never) or at least 4k. */
+static int size_off_or_4k(const char *name, size_t value)
+{
+    if (value == 0 || value >= 4096)
+        return 1;
+    ferry_error("FERRY_UCX_%s=%zu is below the minimum of 4k", name, value);
+    return 0;
+}
+
 static ferry_status_t parse_settings(ferry_ucx_t *ucx)
 {
     const ferry_ucx_settings_t *s = &ucx->settings;
@@ -153,14 +162,9 @@ static ferry_status_t parse_settings(ferry_ucx_t *ucx)
                     s->same_host_shm);
         return FERRY_ERR_INVALID_PARAM;
     }
-    if (s->slice_size != 0 && s->slice_size < 4096) {
-        ferry_error("FERRY_UCX_SLICE_SIZE=%zu is below the minimum of 4k", s->slice_size);
+    if (!size_off_or_4k("SLICE_SIZE", s->slice_size) ||
+        !size_off_or_4k("EAGER_PIECE", s->eager_piece))
         return FERRY_ERR_INVALID_PARAM;
-    }
-    if (s->eager_piece != 0 && s->eager_piece < 4096) {
-        ferry_error("FERRY_UCX_EAGER_PIECE=%zu is below the minimum of 4k", s->eager_piece);
-        return FERRY_ERR_INVALID_PARAM;
-    }
     if (s->rkey_cache < 1) {
         ferry_error("FERRY_UCX_RKEY_CACHE must be at least 1");
         return FERRY_ERR_INVALID_PARAM;
