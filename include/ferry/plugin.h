@@ -269,6 +269,12 @@ enum {
      * a word; any other failure fails the engine, since the user asked for
      * it.  Named in FERRY_TRANSPORTS while not configured: an error. */
     FERRY_TRANSPORT_OPT_IN = 1u << 2,
+    /* transports: the initiator copies into the peer's memory and the peer
+     * checks nothing (shm, cxl, ucx rkeys).  The engine counts such
+     * requests per segment, and an invalidation by the segment's owner
+     * waits until those that resolved before it ended (the unregister
+     * rule); their descriptors must be confirmed by the owner. */
+    FERRY_TRANSPORT_ONE_SIDED = 1u << 3,
 };
 
 /* ---- metadata stores ---- */

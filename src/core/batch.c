@@ -8,6 +8,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,7 @@ typedef struct request_state {
     int wanted;                         /* the request's own transport, -1: none */
     int desc_transport;                 /* index in desc->transports */
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
+    int copier;                         /* counted in at segment (epoch), -1: not */
     ferry_slice_t *slices;              /* kept across submits of this slot */
     size_t slices_cap;
     /* What stays with the slot while it holds the same resolution (a
@@ -48,11 +50,13 @@ struct ferry_batch {
     size_t max;
     request_state_t *requests;  /* [max] */
     size_t used;                /* submit_lock */
-    atomic_size_t pending;      /* submitted requests not finished */
+    /* Submitted requests not finished (PENDING_COUNT) and PENDING_SLEEPER:
+     * a thread in ferry_batch_wait may sleep on this word (a futex).  One
+     * word, so that the countdown which finishes the batch is the
+     * finisher's last touch of it: a caller that sees the count at 0 may
+     * destroy the batch at once (the wake that may follow reads nothing). */
+    atomic_uint pending;
     ferry_lock_t submit_lock;   /* used, requests[] setup, notify fields */
-    pthread_mutex_t lock;       /* with done: waiting for pending == 0 */
-    pthread_cond_t done;
-    atomic_uint sleepers;       /* threads in ferry_batch_wait that may sleep on done */
     ferry_descriptor_t *notify_desc; /* attached notify, sent once the batch completes */
     /* What ferry_batch_wait needs to know without submit_lock: a request of
      * this round failed; a notify is attached. */
@@ -80,13 +84,12 @@ static const char *transport_name(const ferry_engine_t *engine, int transport)
     return transport < 0 ? FERRY_LOCAL_TRANSPORT_NAME : engine->transports[transport].plugin->name;
 }
 
-static void batch_wake(ferry_batch_t *batch)
+#define PENDING_SLEEPER 0x80000000u
+#define PENDING_COUNT(word) ((word) & ~PENDING_SLEEPER)
+
+static unsigned batch_pending(ferry_batch_t *batch)
 {
-    if (atomic_load(&batch->sleepers) == 0)
-        return; /* nobody sleeps in ferry_batch_wait: no lock, no syscall */
-    pthread_mutex_lock(&batch->lock);
-    pthread_cond_broadcast(&batch->done);
-    pthread_mutex_unlock(&batch->lock);
+    return PENDING_COUNT(atomic_load_explicit(&batch->pending, memory_order_acquire));
 }
 
 static void request_finish(request_state_t *req)
@@ -99,12 +102,18 @@ static void request_finish(request_state_t *req)
     }
     /* Plain (release) stores, no locked instruction: the countdown of
      * pending below publishes them to whoever sees it reach 0. */
+    if (req->copier >= 0) {
+        ferry_segment_copier_exit(req->segment, req->copier);
+        req->copier = -1;
+    }
     atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
                           memory_order_release);
     if (error)
         atomic_store_explicit(&batch->any_failed, 1, memory_order_release);
-    if (atomic_fetch_sub(&batch->pending, 1) == 1)
-        batch_wake(batch);
+    atomic_uint *pending = &batch->pending;
+    /* From here on the batch may be gone: the wake reads nothing. */
+    if (atomic_fetch_sub_explicit(pending, 1, memory_order_acq_rel) == (PENDING_SLEEPER | 1))
+        ferry_futex_wake(pending, INT_MAX);
 }
 
 static void request_fail(request_state_t *req, ferry_status_t status)
@@ -231,6 +240,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->buffer = NULL;
     req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
+    req->copier = -1;
     req->slices_made = req->peer_made = 0;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
         in->length == 0 || in->target_offset + in->length < in->target_offset) {
@@ -312,6 +322,24 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
         request_fail(req, status);
 }
 
+/* A one-sided transport copies with no check by the target: the request
+ * counts among its segment's copiers, so that an invalidation by the owner
+ * waits for it, and goes out only while the descriptor it was resolved with
+ * is still the segment's (FERRY_ERR_STALE: resolve again). */
+static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *req)
+{
+    if (!engine->transports[req->transport].one_sided)
+        return FERRY_OK;
+    return ferry_segment_copier_enter(req->segment, req->desc_version, &req->copier);
+}
+
+static void copier_leave(request_state_t *req)
+{
+    if (req->copier >= 0)
+        ferry_segment_copier_exit(req->segment, req->copier);
+    req->copier = -1;
+}
+
 /* Cut the request into its transport's slices, linked by next (again only
  * the links, when they were cut for this resolution and local entry). */
 static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
@@ -372,21 +400,48 @@ static ferry_status_t submit_slices(ferry_engine_t *engine, request_state_t *fir
 static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
     ferry_slice_t **tail = NULL;
-    for (size_t i = 0; i < n; i++) {
-        ferry_status_t status = prepare_slices(engine, &reqs[i]);
+    ferry_status_t status = FERRY_OK;
+    size_t counted = 0;
+    for (; counted < n && status == FERRY_OK; counted++)
+        status = copier_enter(engine, &reqs[counted]);
+    if (status != FERRY_OK)
+        counted--; /* the one that failed counted nothing */
+    for (size_t i = 0; i < n && status == FERRY_OK; i++) {
+        status = prepare_slices(engine, &reqs[i]);
         if (status != FERRY_OK)
-            return status;
+            break;
         if (tail != NULL)
             *tail = reqs[i].slices;
         tail = &reqs[i].slices[atomic_load(&reqs[i].slices_left) - 1].next;
     }
-    return submit_slices(engine, &reqs[0]);
+    if (status == FERRY_OK)
+        status = submit_slices(engine, &reqs[0]);
+    if (status != FERRY_OK)
+        for (size_t i = 0; i < counted; i++)
+            copier_leave(&reqs[i]);
+    return status;
 }
 
-static ferry_status_t queue_slices(ferry_engine_t *engine, request_state_t *req)
+/* Count the request in and hand its slices to the transport; when the
+ * segment changed since the request was resolved (its owner invalidated
+ * it), resolve anew first, a few times at most.  Non-OK: nothing queued,
+ * nothing counted. */
+static ferry_status_t send_request(ferry_engine_t *engine, request_state_t *req)
 {
-    ferry_status_t status = prepare_slices(engine, req);
-    return status == FERRY_OK ? submit_slices(engine, req) : status;
+    ferry_status_t status = copier_enter(engine, req);
+    for (int tries = 0; status == FERRY_ERR_STALE && tries < 3; tries++) {
+        status = resolve_refreshed(engine, req);
+        if (status == FERRY_OK)
+            status = copier_enter(engine, req);
+    }
+    if (status != FERRY_OK)
+        return status;
+    status = prepare_slices(engine, req);
+    if (status == FERRY_OK)
+        status = submit_slices(engine, req);
+    if (status != FERRY_OK)
+        copier_leave(req);
+    return status;
 }
 
 /* The transport took none of the request's slices (status): FERRY_OK when
@@ -408,7 +463,7 @@ static ferry_status_t launch_refused(ferry_engine_t *engine, request_state_t *re
             return FERRY_OK;
         }
         if (status == FERRY_OK) {
-            status = queue_slices(engine, req);
+            status = send_request(engine, req);
         } else if (status != FERRY_ERR_OUT_OF_RANGE && status != FERRY_ERR_REMOTE_REFUSED &&
                    status != FERRY_ERR_UNSUPPORTED) {
             /* No fresh descriptor (a dead peer does not answer): what the
@@ -435,7 +490,7 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
         launch_local(engine, req);
         return FERRY_OK;
     }
-    ferry_status_t status = queue_slices(engine, req);
+    ferry_status_t status = send_request(engine, req);
     return status == FERRY_OK ? FERRY_OK : launch_refused(engine, req, status);
 }
 
@@ -505,8 +560,6 @@ ferry_status_t ferry_batch_create(ferry_engine_h handle, size_t max_requests,
     }
     batch->engine = engine;
     batch->max = max_requests;
-    pthread_mutex_init(&batch->lock, NULL);
-    pthread_cond_init(&batch->done, NULL);
     batch->handle = ferry_handle_alloc(FERRY_HANDLE_BATCH, batch, engine);
     if (batch->handle == 0) {
         free(batch->requests);
@@ -560,12 +613,12 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
     ferry_lock_acquire(&batch->submit_lock);
-    if (atomic_load(&batch->pending) == 0 && count == 1 && batch->used == 1 &&
+    if (batch_pending(batch) == 0 && count == 1 && batch->used == 1 &&
         submit_again(batch, requests)) {
         ferry_lock_release(&batch->submit_lock);
         return FERRY_OK;
     }
-    if (atomic_load(&batch->pending) == 0) {
+    if (batch_pending(batch) == 0) {
         /* Everything earlier finished: the batch starts over. */
         if (batch->used > 0 && batch->requests[batch->used - 1].desc_version != 0) {
             request_state_t *last = &batch->requests[batch->used - 1];
@@ -659,9 +712,34 @@ static void drive_progress(ferry_batch_t *batch, int timeout_ms)
     if (timeout_ms >= 0 && spin_us > (uint64_t)timeout_ms * 1000u)
         spin_us = (uint64_t)timeout_ms * 1000u;
     uint64_t start = ferry_time_us();
-    while (atomic_load(&batch->pending) > 0 && ferry_time_us() - start < spin_us)
+    while (batch_pending(batch) > 0 && ferry_time_us() - start < spin_us)
         for (size_t i = 0; i < engine->n_progress; i++)
             engine->progress[i]->ops->progress(engine->progress[i]->ctx);
+}
+
+/* Sleep on the pending word until its count is 0 (FERRY_ERR_TIMEOUT after
+ * timeout_ms, unless negative).  The sleeper bit is set before sleeping, so
+ * the finisher that counts down to 0 sees it and wakes us. */
+static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
+{
+    struct timespec deadline;
+    if (timeout_ms >= 0)
+        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, (unsigned)timeout_ms);
+    unsigned word = atomic_load_explicit(&batch->pending, memory_order_acquire);
+    while (PENDING_COUNT(word) > 0) {
+        if (!(word & PENDING_SLEEPER) &&
+            !atomic_compare_exchange_weak_explicit(&batch->pending, &word,
+                                                   word | PENDING_SLEEPER,
+                                                   memory_order_acquire,
+                                                   memory_order_acquire))
+            continue; /* word is the new value */
+        if (ferry_futex_wait(&batch->pending, word | PENDING_SLEEPER,
+                             timeout_ms >= 0 ? &deadline : NULL) == ETIMEDOUT &&
+            batch_pending(batch) > 0)
+            return FERRY_ERR_TIMEOUT;
+        word = atomic_load_explicit(&batch->pending, memory_order_acquire);
+    }
+    return FERRY_OK;
 }
 
 ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
@@ -669,30 +747,12 @@ ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
     ferry_batch_t *batch = batch_lookup(handle);
     if (batch == NULL)
         return FERRY_ERR_INVALID_HANDLE;
-    /* Finished already (a copy done in submit): no clock, no lock. */
-    if (atomic_load(&batch->pending) > 0)
+    /* Finished already (a copy done in submit): no clock, no system call. */
+    if (batch_pending(batch) > 0)
         drive_progress(batch, timeout_ms);
-    if (atomic_load(&batch->pending) > 0) {
-        struct timespec deadline;
-        if (timeout_ms >= 0)
-            ferry_deadline_after_ms(&deadline, CLOCK_REALTIME, (unsigned)timeout_ms);
+    if (batch_pending(batch) > 0) {
         ferry_engine_progress_leave(batch->engine);
-        pthread_mutex_lock(&batch->lock);
-        /* Count ourselves before looking at pending: a finisher either sees
-         * us (and wakes us) or we see its pending == 0 (batch_wake). */
-        atomic_fetch_add(&batch->sleepers, 1);
-        int timed_out = 0;
-        while (atomic_load(&batch->pending) > 0 && !timed_out) {
-            if (timeout_ms < 0)
-                pthread_cond_wait(&batch->done, &batch->lock);
-            else
-                timed_out = pthread_cond_timedwait(&batch->done, &batch->lock, &deadline) ==
-                                ETIMEDOUT &&
-                            atomic_load(&batch->pending) > 0;
-        }
-        atomic_fetch_sub(&batch->sleepers, 1);
-        pthread_mutex_unlock(&batch->lock);
-        if (timed_out)
+        if (sleep_until_done(batch, timeout_ms) != FERRY_OK)
             return FERRY_ERR_TIMEOUT;
     }
 
@@ -764,8 +824,6 @@ static void batch_free(ferry_batch_t *batch)
         ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);
     free(batch->requests);
-    pthread_mutex_destroy(&batch->lock);
-    pthread_cond_destroy(&batch->done);
     free(batch);
 }
 
@@ -787,9 +845,9 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
     ferry_batch_t *batch = batch_lookup(handle);
     if (batch == NULL)
         return FERRY_ERR_INVALID_HANDLE;
-    if (atomic_load(&batch->pending) > 0) {
-        ferry_error("ferry_batch_destroy: %zu request(s) still in flight",
-                    (size_t)atomic_load(&batch->pending));
+    unsigned pending = batch_pending(batch);
+    if (pending > 0) {
+        ferry_error("ferry_batch_destroy: %u request(s) still in flight", pending);
         return FERRY_ERR_BUSY;
     }
     ferry_engine_t *engine = batch->engine;

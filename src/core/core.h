@@ -122,7 +122,16 @@ typedef struct ferry_descriptor {
      * or 2 (ours). */
     uint64_t serial;
     atomic_int same_host;
+    /* Whether its owner serves this same descriptor (confirm.c):
+     * FERRY_DESC_UNCONFIRMED until asked. */
+    atomic_int confirmed;
 } ferry_descriptor_t;
+
+enum {
+    FERRY_DESC_UNCONFIRMED = 0,
+    FERRY_DESC_CONFIRMED = 1,
+    FERRY_DESC_REFUSED = 2,
+};
 
 ferry_descriptor_t *ferry_descriptor_new(void);
 ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
@@ -156,6 +165,11 @@ typedef struct ferry_segment {
      * so a (segment, version) pair names one descriptor for good; 0 for our
      * own segment, whose descriptor is not cached here. */
     atomic_uint_fast64_t version;
+    /* segment_copiers.c: one-sided requests in flight, counted by epoch;
+     * drain_lock serializes drains (each flips copier_epoch). */
+    atomic_uint copiers[2];
+    atomic_int copier_epoch;
+    pthread_mutex_t drain_lock;
     struct ferry_segment *next; /* cache lock */
 } ferry_segment_t;
 
@@ -190,9 +204,23 @@ static inline int ferry_segment_still_current(const ferry_segment_t *segment, ui
 ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *segment,
                                      const ferry_descriptor_t *seen);
 ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name);
-/* The owner said its descriptor changed. */
-void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
-                                    uint64_t generation);
+/* The owner said its descriptor changed: new requests resolve anew, and
+ * the one-sided copies in flight to it end before this returns (within
+ * drain_ms; 0: no wait), FERRY_ERR_TIMEOUT if some did not. */
+ferry_status_t ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
+                                              uint64_t generation, unsigned drain_ms);
+/* segment_copiers.c.  Before a one-sided transport copies for a request
+ * resolved at version: count it in (*epoch_p) unless the segment changed
+ * since (FERRY_ERR_STALE, nothing counted: resolve again). */
+ferry_status_t ferry_segment_copier_enter(ferry_segment_t *segment, uint64_t version,
+                                          int *epoch_p);
+/* The request counted in at epoch ended: its last touch of the segment. */
+void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch);
+/* Wait for the copies counted in before this call (after a change of the
+ * segment's version); FERRY_ERR_TIMEOUT when some still run at the bound. */
+ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
+/* Before the segment is freed: every copy ended. */
+void ferry_segment_copiers_wait_all(ferry_segment_t *segment);
 /* ferry_metadata_services_t.segment_changed */
 void ferry_segment_cache_changed(void *engine, const char *name);
 
@@ -204,6 +232,7 @@ typedef struct ferry_transport_instance {
     void *ctx;
     char *address;
     size_t slice_size; /* ops->slice_size, asked once: 0 = no slicing */
+    int one_sided;     /* FERRY_TRANSPORT_ONE_SIDED: requests count as copiers */
 } ferry_transport_instance_t;
 
 typedef struct ferry_subscriber {
@@ -226,6 +255,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_timeout_ms;
     size_t rpc_max_frame;
     unsigned invalidate_timeout_ms;
+    int confirm_descriptors;
     unsigned wait_spin_us;
     size_t copy_nt_min;
     char *copy_threads;
@@ -325,6 +355,10 @@ const char *ferry_engine_transport_reach(ferry_engine_t *engine, size_t i,
  * fallback serves when no other does.  Returns the engine index or -1. */
 int ferry_engine_select_transport(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                                   const ferry_desc_buffer_t *buffer, int *desc_transport_p);
+/* confirm.c: whether desc's owner serves the same descriptor, asked over
+ * RPC once per descriptor (which makes us its subscriber); a one-sided
+ * transport uses only confirmed descriptors. */
+int ferry_engine_descriptor_confirmed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 /* The peer as a transport sees it, from desc and its transport index. */
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             int desc_transport, ferry_peer_t *peer);

@@ -36,6 +36,11 @@ static const ferry_setting_t engine_settings[] = {
             FERRY_SETTING_SIZE),
     SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for each peer to "
             "acknowledge an invalidation", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("CONFIRM_DESCRIPTORS", "yes", "one-sided transports (shm, cxl, ucx) use a descriptor "
+            "from a shared metadata store only once its owner served the same over RPC, which "
+            "also subscribes this engine to the owner's invalidations; no: trust the store (then "
+            "a forged store entry steers one-sided copies, and a write after the owner's "
+            "unregister can land)", confirm_descriptors, FERRY_SETTING_BOOL),
     SETTING("WAIT_SPIN", "50", "microseconds ferry_batch_wait drives the transports' progress on "
             "the calling thread before it sleeps (0: sleep at once)", wait_spin_us,
             FERRY_SETTING_UINT),
@@ -234,6 +239,7 @@ static ferry_status_t add_transport(ferry_engine_t *engine, const char *name, in
         return status;
     }
     tp->slice_size = tp->ops->slice_size ? tp->ops->slice_size(tp->ctx) : 0;
+    tp->one_sided = (plugin->flags & FERRY_TRANSPORT_ONE_SIDED) != 0;
     engine->n_transports++;
     return FERRY_OK;
 }

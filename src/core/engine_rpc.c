@@ -113,8 +113,10 @@ ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload,
         uint64_t generation = ferry_wire_get_u64(&in);
         if (in.failed)
             return FERRY_ERR_PROTOCOL;
-        ferry_segment_cache_invalidate(engine, name, generation);
-        return FERRY_OK;
+        /* Within the owner's wait for our answer (the same setting on
+         * both sides by default), with room for the reply. */
+        return ferry_segment_cache_invalidate(engine, name, generation,
+                                              engine->settings.invalidate_timeout_ms * 3 / 4);
     }
     default:
         status = FERRY_ERR_PROTOCOL;

@@ -74,6 +74,8 @@ const char *ferry_engine_transport_reach(ferry_engine_t *engine, size_t i,
         return "the peer did not enable it";
     if (buffer->keys[j] == NULL)
         return "the peer's buffer is not registered with it";
+    if (tp->one_sided && !ferry_engine_descriptor_confirmed(engine, desc))
+        return "it copies one-sided, and the segment's owner did not confirm its descriptor";
     ferry_peer_t peer;
     ferry_engine_make_peer(engine, desc, j, &peer);
     *reach_p = tp->ops->reaches != NULL ? tp->ops->reaches(tp->ctx, &peer, buffer->keys[j])

@@ -22,16 +22,19 @@ void ferry_segment_cache_init(ferry_segment_cache_t *cache)
 static void segment_changed(ferry_segment_t *segment)
 {
     static atomic_uint_fast64_t versions;
+    /* seq_cst: a copier's check pairs with it (segment_copiers.c). */
     atomic_store_explicit(&segment->version, atomic_fetch_add(&versions, 1) + 1,
-                          memory_order_release);
+                          memory_order_seq_cst);
 }
 
 static void segment_free(ferry_segment_t *segment)
 {
     if (segment->handle)
         ferry_handle_free(segment->handle);
+    ferry_segment_copiers_wait_all(segment); /* requests in flight count on it */
     if (segment->desc)
         ferry_descriptor_unref(segment->desc);
+    pthread_mutex_destroy(&segment->drain_lock);
     pthread_mutex_destroy(&segment->lock);
     pthread_cond_destroy(&segment->changed);
     free(segment->name);
@@ -61,6 +64,8 @@ static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
     free(json);
     if (status != FERRY_OK)
         ferry_error("segment \"%s\": the metadata store holds an invalid descriptor", name);
+    else if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
+        atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
     return status;
 }
 
@@ -107,6 +112,7 @@ ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name
     }
     pthread_mutex_init(&segment->lock, NULL);
     pthread_cond_init(&segment->changed, NULL);
+    pthread_mutex_init(&segment->drain_lock, NULL);
     segment->opens = 1;
     segment->fetching = 1;
     segment->is_local = is_own_name(engine, name);
@@ -186,6 +192,9 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         status = fetch_descriptor(engine, segment->name, &desc);
 
     ferry_descriptor_t *old = NULL;
+    /* Read before desc is published: once the lock is dropped, another
+     * thread's refetch may replace desc and free it. */
+    uint64_t generation = desc != NULL ? desc->generation : 0;
     pthread_mutex_lock(&segment->lock);
     if (status == FERRY_OK) {
         old = segment->desc;
@@ -199,10 +208,10 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
     pthread_cond_broadcast(&segment->changed);
     pthread_mutex_unlock(&segment->lock);
     if (old != NULL) {
-        if (old->generation != desc->generation) {
+        if (old->generation != generation) {
             ferry_info("segment \"%s\" restarted: generation 0x%016llx -> 0x%016llx",
                        segment->name, (unsigned long long)old->generation,
-                       (unsigned long long)desc->generation);
+                       (unsigned long long)generation);
             ferry_engine_forget_peer(engine, old);
         }
         ferry_descriptor_unref(old);
@@ -249,70 +258,119 @@ ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t 
     return ferry_segment_descriptor_versioned(engine, segment, desc_p, &version);
 }
 
-ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name)
+/* The open segments named name (all when NULL), each held by one more open
+ * so that none is freed while the caller works on it unlocked; close each
+ * with ferry_segment_cache_close and free the array.  FERRY_ERR_NO_MEMORY,
+ * or FERRY_OK with *count_p possibly 0. */
+static ferry_status_t hold_segments(ferry_engine_t *engine, const char *name,
+                                   ferry_segment_t ***held_p, size_t *count_p)
 {
     ferry_segment_cache_t *cache = &engine->segments;
-    ferry_segment_t *targets[256];
-    size_t count = 0;
-    int found = 0;
-    /* Hold an open on each target so none is freed while we fetch unlocked. */
+    ferry_segment_t **held = NULL;
+    size_t count = 0, capacity = 0;
+    ferry_status_t status = FERRY_OK;
     pthread_mutex_lock(&cache->lock);
     for (ferry_segment_t *s = cache->list; s; s = s->next) {
         if (name != NULL && strcmp(s->name, name) != 0)
             continue;
-        found = 1;
-        if (count < FERRY_ARRAY_SIZE(targets)) {
-            s->opens++;
-            targets[count++] = s;
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            ferry_segment_t **grown = realloc(held, capacity * sizeof(*grown));
+            if (grown == NULL) {
+                status = FERRY_ERR_NO_MEMORY;
+                break;
+            }
+            held = grown;
         }
+        s->opens++;
+        held[count++] = s;
     }
     pthread_mutex_unlock(&cache->lock);
-    if (name != NULL && !found) {
+    if (status != FERRY_OK) {
+        for (size_t i = 0; i < count; i++)
+            ferry_segment_cache_close(engine, held[i]);
+        free(held);
+        held = NULL;
+        count = 0;
+    }
+    *held_p = held;
+    *count_p = count;
+    return status;
+}
+
+ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *name)
+{
+    ferry_segment_t **targets;
+    size_t count;
+    ferry_status_t result = hold_segments(engine, name, &targets, &count);
+    if (result != FERRY_OK)
+        return result;
+    if (name != NULL && count == 0) {
         ferry_error("refresh of segment \"%s\": it is not open", name);
         return FERRY_ERR_SEGMENT_NOT_FOUND;
     }
-    ferry_status_t result = FERRY_OK;
     for (size_t i = 0; i < count; i++) {
         ferry_status_t status = ferry_segment_refetch(engine, targets[i], NULL);
         if (status != FERRY_OK && result == FERRY_OK)
             result = status;
         ferry_segment_cache_close(engine, targets[i]);
     }
+    free(targets);
     return result;
 }
 
 void ferry_segment_cache_changed(void *engine, const char *name)
 {
-    ferry_segment_cache_invalidate(engine, name, 0);
+    /* A store's watch: the owner does not wait for this answer. */
+    ferry_segment_cache_invalidate(engine, name, 0, 0);
 }
 
-void ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
-                                    uint64_t generation)
+/* p2p segments may be opened by address, so the descriptor's name counts too. */
+static int segment_named(ferry_segment_t *segment, const char *name)
 {
-    ferry_segment_cache_t *cache = &engine->segments;
-    ferry_descriptor_t *changed[16];
-    size_t n_changed = 0;
-    pthread_mutex_lock(&cache->lock);
-    for (ferry_segment_t *s = cache->list; s; s = s->next) {
+    return strcmp(segment->name, name) == 0 ||
+           (segment->desc != NULL && strcmp(segment->desc->name, name) == 0);
+}
+
+ferry_status_t ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
+                                              uint64_t generation, unsigned drain_ms)
+{
+    ferry_segment_t **held;
+    size_t count;
+    ferry_status_t result = hold_segments(engine, NULL, &held, &count);
+    if (result != FERRY_OK)
+        return result;
+    for (size_t i = 0; i < count; i++) {
+        ferry_segment_t *s = held[i];
+        ferry_descriptor_t *changed = NULL;
         pthread_mutex_lock(&s->lock);
-        /* p2p segments may be opened by address, so match the descriptor's name. */
-        if ((s->desc && strcmp(s->desc->name, name) == 0) || strcmp(s->name, name) == 0) {
+        int named = segment_named(s, name);
+        if (named) {
             s->stale = 1;
             segment_changed(s);
             ferry_debug("segment \"%s\" invalidated by its owner (generation 0x%016llx)",
                         s->name, (unsigned long long)generation);
-            if (s->desc && s->desc->generation == generation && n_changed < 16)
-                changed[n_changed++] = ferry_descriptor_ref(s->desc);
+            if (s->desc && s->desc->generation == generation)
+                changed = ferry_descriptor_ref(s->desc);
         }
         pthread_mutex_unlock(&s->lock);
+        /* The owner may take the range back once we answer: copies that
+         * resolved against the old descriptor end first. */
+        if (named && drain_ms > 0 && ferry_segment_copiers_drain(s, drain_ms) != FERRY_OK) {
+            ferry_warn("segment \"%s\": one-sided copies still ran %u ms after its owner "
+                       "invalidated it", s->name, drain_ms);
+            result = FERRY_ERR_TIMEOUT;
+        }
+        /* Same incarnation, fewer buffers: transports drop what they cached
+         * for the old ones (no lock held: they take their own). */
+        if (changed != NULL) {
+            ferry_engine_peer_changed(engine, changed);
+            ferry_descriptor_unref(changed);
+        }
+        ferry_segment_cache_close(engine, s);
     }
-    pthread_mutex_unlock(&cache->lock);
-    /* Same incarnation, fewer buffers: transports drop what they cached for
-     * the old ones (no lock held: they take their own). */
-    for (size_t i = 0; i < n_changed; i++) {
-        ferry_engine_peer_changed(engine, changed[i]);
-        ferry_descriptor_unref(changed[i]);
-    }
+    free(held);
+    return result;
 }
 
 /* ---- public API ---- */

@@ -7,16 +7,7 @@
  */
 #include "util.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #define SPINS 64
-
-static void futex(atomic_int *word, int op, int value)
-{
-    syscall(SYS_futex, (int *)word, op | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
-}
 
 void ferry_lock_wait(ferry_lock_t *lock)
 {
@@ -31,10 +22,10 @@ void ferry_lock_wait(ferry_lock_t *lock)
     /* From here on we may sleep, so the lock is taken as contended: its
      * release then wakes the next sleeper, whether or not that is us. */
     while (atomic_exchange_explicit(&lock->state, 2, memory_order_acquire) != 0)
-        futex(&lock->state, FUTEX_WAIT, 2);
+        ferry_futex_wait(&lock->state, 2, NULL);
 }
 
 void ferry_lock_wake(ferry_lock_t *lock)
 {
-    futex(&lock->state, FUTEX_WAKE, 1);
+    ferry_futex_wake(&lock->state, 1);
 }

@@ -29,6 +29,14 @@ static inline void ferry_cpu_relax(void)
 #endif
 }
 
+/* ---- futex.c: sleeping on a 32-bit atomic word (an atomic_int or atomic_uint) ---- */
+struct timespec;
+/* Sleep while *word == expected, until a wake or the absolute CLOCK_MONOTONIC
+ * deadline (NULL: none).  0, or ETIMEDOUT; may return early: look again. */
+int ferry_futex_wait(void *word, unsigned expected, const struct timespec *deadline);
+/* Wake up to `waiters` threads sleeping on word (INT_MAX: all). */
+void ferry_futex_wake(void *word, int waiters);
+
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
 uint64_t ferry_time_us(void); /* monotonic */

@@ -198,7 +198,8 @@ static const ferry_plugin_t cxl_plugin = {
     .description = "same-host copies through a shared memory window (CXL DAX device or file); "
                    "opt-in: FERRY_CXL_PATH",
     .priority = 40,
-    .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_OPT_IN,
+    .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_OPT_IN |
+             FERRY_TRANSPORT_ONE_SIDED,
     .settings = cxl_settings,
     .settings_count = FERRY_ARRAY_SIZE(cxl_settings),
     .settings_component = "CXL",

@@ -112,7 +112,7 @@ static const ferry_plugin_t shm_plugin = {
     .name = "shm",
     .description = "same-host cross-memory attach (process_vm_writev/readv); no dependency",
     .priority = 20,
-    .flags = FERRY_TRANSPORT_SAME_HOST_ONLY,
+    .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_ONE_SIDED,
     .ops = &shm_ops,
     .info = shm_info,
 };
