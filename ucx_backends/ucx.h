@@ -285,6 +285,10 @@ ferry_status_t ferry_ucx_status(ucs_status_t status);
 /* ucp_config_read plus our defaults (shared memory with peer error handling). */
 ferry_status_t ferry_ucx_config_read(ucp_config_t **config_p);
 ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx);
+/* The transport's stop op: threads joined, endpoints closed, requests in
+ * flight failed; memory registrations stay until stop (which quiesces
+ * first if nobody did). */
+void ferry_ucx_context_quiesce(ferry_ucx_t *ucx);
 void ferry_ucx_context_stop(ferry_ucx_t *ucx);
 /* The transport's progress op: the caller's thread progresses every worker
  * that has requests of ours in flight. */

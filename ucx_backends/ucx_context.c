@@ -545,7 +545,7 @@ ferry_status_t ferry_ucx_context_start(ferry_ucx_t *ucx)
     return status;
 }
 
-void ferry_ucx_context_stop(ferry_ucx_t *ucx)
+void ferry_ucx_context_quiesce(ferry_ucx_t *ucx)
 {
     /* Threads first: endpoints are then closed by this thread alone. */
     for (unsigned i = 0; i < ucx->n_workers; i++) {
@@ -560,6 +560,11 @@ void ferry_ucx_context_stop(ferry_ucx_t *ucx)
     }
     if (ucx->workers != NULL)
         ferry_ucx_eps_destroy(ucx);
+}
+
+void ferry_ucx_context_stop(ferry_ucx_t *ucx)
+{
+    ferry_ucx_context_quiesce(ucx); /* again: a no-op after the engine's stop */
     for (unsigned i = 0; i < ucx->n_workers; i++) {
         ferry_ucx_worker_t *w = &ucx->workers[i];
         if (w->worker != NULL) {

@@ -172,6 +172,11 @@ static ferry_status_t parse_settings(ferry_ucx_t *ucx)
     return FERRY_OK;
 }
 
+static void ucx_stop(void *ctx)
+{
+    ferry_ucx_context_quiesce(ctx);
+}
+
 static void ucx_destroy(void *ctx)
 {
     ferry_ucx_t *ucx = ctx;
@@ -245,6 +250,7 @@ static const ferry_transport_ops_t ucx_ops = {
     .peer_changed = ferry_ucx_peer_changed,
     .progress_leave = ferry_ucx_progress_leave,
     .peer_cache_release = ferry_ucx_peer_cache_release,
+    .stop = ucx_stop,
 };
 
 static const ferry_plugin_t ucx_plugin = {

@@ -251,6 +251,15 @@ typedef struct ferry_transport_ops {
     /* Optional: release what submit kept in a ferry_peer_t's cache slot
      * (called before destroy).  Without it, submit gets no slot. */
     void (*peer_cache_release)(void *ctx, void *cached);
+    /* Optional: the engine is going.  Close listeners, end every request
+     * served for a peer (access_release called) and finish every slice in
+     * flight (FAILED when not done), and join the threads that would call
+     * the engine's services: after it, the transport calls none of them.
+     * mem_deregister and peer_cache_release still work; destroy follows.
+     * Without it, the engine waits for each registration's accesses to end
+     * before deregistering (the transport's own timeouts bound that), then
+     * destroys the transport. */
+    void (*stop)(void *ctx);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

@@ -216,10 +216,8 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     ferry_reg_entry_t *entry = prev ? prev->local_entry : req->batch->kept_entry;
     uintptr_t addr = (uintptr_t)req->local;
     if (entry != NULL && addr >= entry->addr && req->length <= entry->length &&
-        addr - entry->addr <= entry->length - req->length && !atomic_load(&entry->dying)) {
-        atomic_fetch_add(&entry->inflight, 1);
+        addr - entry->addr <= entry->length - req->length && ferry_reg_entry_hold(entry))
         return entry;
-    }
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 

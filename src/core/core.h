@@ -39,8 +39,10 @@ typedef struct ferry_reg_entry {
     unsigned flags;             /* FERRY_REG_REMOTE_* */
     unsigned refs;              /* registrations of this exact range; registry lock */
     uint64_t epoch;             /* registration order; published once <= published_epoch */
-    atomic_uint inflight;       /* accesses holding the range (transfers) */
-    atomic_int dying;           /* unregister started: no new accesses */
+    /* Accesses holding the range (transfers), and FERRY_REG_DYING once
+     * unregister started (no new accesses): one word, so the release that
+     * lets the count drop to 0 is the releaser's last touch of the entry. */
+    atomic_uint holds;
     void *memh[FERRY_MAX_TRANSPORTS];
     char *keys[FERRY_MAX_TRANSPORTS];
     /* ferry_alloc memory: the transport that allocated it (its memh frees
@@ -49,6 +51,17 @@ typedef struct ferry_reg_entry {
     int alloc_transport;
 } ferry_reg_entry_t;
 #define FERRY_ALLOC_HEAP (-1)
+#define FERRY_REG_DYING 0x80000000u
+
+/* Take a hold on an entry found without the registry lock (a batch's kept
+ * entry): 0 if it is dying. */
+static inline int ferry_reg_entry_hold(ferry_reg_entry_t *entry)
+{
+    if (atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)
+        return 0;
+    atomic_fetch_add_explicit(&entry->holds, 1, memory_order_acquire);
+    return 1;
+}
 
 /*
  * Entries sorted by address.  `lock` (rwlock) protects entries/count:
@@ -61,7 +74,7 @@ typedef struct ferry_registry {
     ferry_reg_entry_t **entries;
     size_t count;
     size_t capacity;
-    pthread_mutex_t drain_lock; /* with `drained`: waits for inflight == 0 */
+    pthread_mutex_t drain_lock; /* with `drained`: waits for an entry's holds to end */
     pthread_cond_t drained;
 } ferry_registry_t;
 
@@ -296,6 +309,11 @@ struct ferry_engine {
     uint64_t register_epoch;     /* register_lock: last epoch handed out */
 
     struct ferry_rpc_server *rpc_server;
+    /* Set (release) once create has built everything: the RPC server runs
+     * from early on (its port is part of our name), and its handler
+     * answers FERRY_ERR_BUSY until then instead of reading a half-built
+     * engine. */
+    atomic_int serving;
     ferry_segment_cache_t segments;
 
     pthread_mutex_t subscribers_lock;

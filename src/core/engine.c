@@ -377,6 +377,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     if (status != FERRY_OK)
         ferry_warn("segment %s is not published yet: %s (registrations will retry)",
                    engine->name, ferry_status_string(status));
+    atomic_store_explicit(&engine->serving, 1, memory_order_release);
     ferry_info("engine %s up: rpc %s, generation 0x%016llx, %zu transport(s)", engine->name,
                engine->rpc_endpoint, (unsigned long long)engine->generation,
                engine->n_transports);
@@ -388,15 +389,31 @@ err_destroy:
     return status;
 }
 
+/*
+ * Teardown, each step stopping what the next one frees under it:
+ *  1. the handle: API calls no longer find the engine;
+ *  2. the RPC server: peers no longer reach it;
+ *  3. the transports stop: listeners closed, what they serve for peers
+ *     ended (registry holds released), requests in flight FAILED, their
+ *     threads joined, so nothing calls the engine's services any more;
+ *  4. what the transports keep for each batch goes back to them;
+ *  5. registrations: each drained (nothing holds it after 3; a transport
+ *     without a stop op is waited for here), deregistered and freed;
+ *  6. the transports are destroyed, then the batches (nothing completes);
+ *  7. the copy helpers, the metadata store (its watch may still call us
+ *     until destroyed), the segments, the rest.
+ */
 void ferry_engine_free(ferry_engine_t *engine)
 {
     if (engine->handle)
         ferry_handle_free(engine->handle);
-    /* Peers stop reaching us first, then transports fail what is in flight. */
     if (engine->rpc_server)
         ferry_rpc_server_stop(engine->rpc_server);
-    ferry_engine_deregister_all(engine);
+    for (size_t i = 0; i < engine->n_transports; i++)
+        if (FERRY_TRANSPORT_OPS_HAS(engine->transports[i].ops, stop))
+            engine->transports[i].ops->stop(engine->transports[i].ctx);
     ferry_batch_release_peer_caches(engine);
+    ferry_engine_deregister_all(engine);
     for (size_t i = 0; i < engine->n_transports; i++) {
         engine->transports[i].ops->destroy(engine->transports[i].ctx);
         free(engine->transports[i].address);

@@ -533,11 +533,12 @@ void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc)
 void ferry_engine_deregister_all(ferry_engine_t *engine)
 {
     ferry_registry_t *registry = &engine->registry;
-    pthread_rwlock_wrlock(&registry->lock);
-    for (size_t i = 0; i < registry->count; i++) {
-        transports_deregister(engine, registry->entries[i]);
-        ferry_reg_entry_free(registry->entries[i]);
+    /* Newest last: removing the last entry moves nothing. */
+    while (registry->count > 0) {
+        ferry_reg_entry_t *entry = registry->entries[registry->count - 1];
+        ferry_registry_remove(registry, entry);
+        ferry_registry_drain(registry, entry);
+        transports_deregister(engine, entry);
+        ferry_reg_entry_free(entry);
     }
-    registry->count = 0;
-    pthread_rwlock_unlock(&registry->lock);
 }

@@ -92,6 +92,10 @@ ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload,
     ferry_wire_reader_t in = {.data = payload, .length = length};
     ferry_wire_writer_t out = {0};
     ferry_status_t status;
+    if (!atomic_load_explicit(&engine->serving, memory_order_acquire)) {
+        ferry_debug("RPC request of type %d while the engine starts: busy", type);
+        return FERRY_ERR_BUSY;
+    }
     switch (type) {
     case FERRY_RPC_FETCH:
         *reply_type_p = FERRY_RPC_FETCH_REPLY;

@@ -1,8 +1,12 @@
 /*
  * The registry: this engine's registered ranges, sorted by address so that
  * every lookup is a binary search.  Transfers hold an entry through
- * `inflight`; unregister first removes the entry from the ordered set (no new
- * transfer can find it), then waits for `inflight` to drop to zero.
+ * `holds`; unregister first removes the entry from the ordered set and marks
+ * it dying (no new transfer can find or hold it), then waits for the holds
+ * to drop to zero, then frees it.  The dying mark and the count share one
+ * word: a release reads nothing of the entry after its decrement, and the
+ * one that leaves a dying entry with no hold wakes the drain through the
+ * registry's own condition variable, which outlives every entry.
  */
 #include "core.h"
 
@@ -136,7 +140,7 @@ ferry_reg_entry_t *ferry_registry_find_start(ferry_registry_t *registry, uintptr
 void ferry_registry_remove(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 {
     pthread_rwlock_wrlock(&registry->lock);
-    atomic_store(&entry->dying, 1);
+    atomic_fetch_or(&entry->holds, FERRY_REG_DYING);
     ptrdiff_t index = floor_index(registry, entry->addr);
     if (index >= 0 && registry->entries[index] == entry) {
         memmove(&registry->entries[index], &registry->entries[index + 1],
@@ -149,7 +153,7 @@ void ferry_registry_remove(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 void ferry_registry_drain(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 {
     pthread_mutex_lock(&registry->drain_lock);
-    while (atomic_load(&entry->inflight) != 0)
+    while (atomic_load(&entry->holds) != FERRY_REG_DYING)
         pthread_cond_wait(&registry->drained, &registry->drain_lock);
     pthread_mutex_unlock(&registry->drain_lock);
 }
@@ -165,10 +169,8 @@ ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t 
     if (index >= 0) {
         ferry_reg_entry_t *candidate = registry->entries[index];
         if (addr + length <= candidate->addr + candidate->length &&
-            (candidate->flags & need) == need && !atomic_load(&candidate->dying)) {
-            atomic_fetch_add(&candidate->inflight, 1);
+            (candidate->flags & need) == need && ferry_reg_entry_hold(candidate))
             entry = candidate;
-        }
     }
     pthread_rwlock_unlock(&registry->lock);
     return entry;
@@ -176,7 +178,8 @@ ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t 
 
 void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 {
-    if (atomic_fetch_sub(&entry->inflight, 1) == 1 && atomic_load(&entry->dying)) {
+    /* From here on the entry may be gone. */
+    if (atomic_fetch_sub(&entry->holds, 1) == (FERRY_REG_DYING | 1)) {
         pthread_mutex_lock(&registry->drain_lock);
         pthread_cond_broadcast(&registry->drained);
         pthread_mutex_unlock(&registry->drain_lock);

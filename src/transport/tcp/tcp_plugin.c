@@ -83,13 +83,21 @@ static int is_wildcard(const char *host)
     return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
 }
 
+/* The engine's stop: no request is served or in flight after it (each
+ * step does nothing the second time, when destroy repeats it). */
+static void tcp_stop(void *ctx)
+{
+    ferry_tcp_t *tcp = ctx;
+    ferry_tcp_target_stop(tcp);
+    ferry_tcp_peers_destroy(tcp);
+}
+
 static void tcp_destroy(void *ctx)
 {
     ferry_tcp_t *tcp = ctx;
     if (tcp == NULL)
         return;
-    ferry_tcp_target_stop(tcp);
-    ferry_tcp_peers_destroy(tcp);
+    tcp_stop(tcp);
     pthread_cond_destroy(&tcp->settled);
     pthread_mutex_destroy(&tcp->lock);
     pthread_mutex_destroy(&tcp->target_lock);
@@ -206,6 +214,7 @@ static const ferry_transport_ops_t tcp_ops = {
     .submit = ferry_tcp_submit,
     .peer_forget = ferry_tcp_peer_forget,
     .slice_size = tcp_slice_size,
+    .stop = tcp_stop,
 };
 
 static const ferry_plugin_t tcp_plugin = {
