@@ -284,6 +284,10 @@ enum {
      * waits until those that resolved before it ended (the unregister
      * rule); their descriptors must be confirmed by the owner. */
     FERRY_TRANSPORT_ONE_SIDED = 1u << 3,
+    /* transports: whoever holds this transport's key of a buffer can read
+     * it, whatever the buffer's flags (a UCX rkey): a buffer that is not
+     * remote-readable is published without this transport's key. */
+    FERRY_TRANSPORT_KEY_GRANTS_READ = 1u << 4,
 };
 
 /* ---- metadata stores ---- */

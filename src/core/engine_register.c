@@ -368,6 +368,15 @@ ferry_status_t ferry_publish(ferry_engine_h handle)
     return status;
 }
 
+/* Whether the transport's key may be published for a buffer with those
+ * flags: a key that grants reads (a UCX rkey) is kept from a buffer that
+ * peers may not read. */
+static int key_enforces(const ferry_transport_instance_t *tp, unsigned flags)
+{
+    return !(tp->plugin->flags & FERRY_TRANSPORT_KEY_GRANTS_READ) ||
+           (flags & FERRY_REG_REMOTE_READ);
+}
+
 /* Caller holds published_lock (for published_epoch). */
 static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p)
 {
@@ -391,7 +400,8 @@ static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_
     ferry_registry_t *registry = &engine->registry;
     pthread_rwlock_rdlock(&registry->lock);
     desc->buffers = calloc(registry->count + 1, sizeof(*desc->buffers));
-    for (size_t i = 0; desc->buffers && i < registry->count; i++) {
+    int complete = desc->buffers != NULL;
+    for (size_t i = 0; complete && i < registry->count; i++) {
         const ferry_reg_entry_t *entry = registry->entries[i];
         if (entry->epoch > engine->published_epoch)
             continue; /* registered with FERRY_REG_DEFER_PUBLISH, not published yet */
@@ -401,14 +411,13 @@ static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_
         buffer->access = entry->flags & FERRY_REG_REMOTE;
         buffer->location = strdup(entry->location);
         buffer->keys = calloc(engine->n_transports + 1, sizeof(char *));
-        if (!buffer->location || !buffer->keys)
-            break;
-        for (size_t t = 0; t < engine->n_transports; t++)
-            if (entry->keys[t] && !(buffer->keys[t] = strdup(entry->keys[t])))
-                break;
+        complete = buffer->location != NULL && buffer->keys != NULL;
+        for (size_t t = 0; complete && t < engine->n_transports; t++)
+            if (entry->keys[t] && key_enforces(&engine->transports[t], entry->flags))
+                complete = (buffer->keys[t] = strdup(entry->keys[t])) != NULL;
     }
     pthread_rwlock_unlock(&registry->lock);
-    if (desc->buffers == NULL)
+    if (!complete) /* a descriptor without some buffer or key would mislead peers */
         goto err_unref;
     *desc_p = desc;
     return FERRY_OK;

@@ -1,0 +1,304 @@
+/*
+ * One-sided transports (the initiator copies, the target checks nothing):
+ * the unregister rule and the trust rule.
+ *  - When the owner's ferry_unregister returns, no copy into the range is
+ *    in flight and none can start: writers racing an unregister never
+ *    touch the range afterwards, with p2p metadata and with a shared store
+ *    (whose peers must become the owner's subscribers by themselves).
+ *  - A descriptor forged in a shared store does not steer one-sided
+ *    copies: its owner does not confirm it.
+ */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "one_request.h"
+#include "peer_process.h"
+#include "service_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+
+static void teardown(void)
+{
+    service_cleanup_all();
+}
+
+TestSuite(one_sided, .fini = teardown, .timeout = 180);
+
+/* ---- writers racing an unregister ---- */
+
+enum { WRITERS = 4, BLOCK = 1 << 20 };
+
+typedef struct writer {
+    ferry_engine_h engine;
+    ferry_segment_h segment;
+    uint64_t remote;
+    unsigned char *local;
+    atomic_int *stop;
+    atomic_long done; /* writes that completed */
+    pthread_t thread;
+} writer_t;
+
+static void *write_loop(void *arg)
+{
+    writer_t *w = arg;
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(w->engine, 1, &batch), FERRY_OK);
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = w->local, .target = w->segment,
+                           .target_offset = w->remote, .length = BLOCK, .transport = "shm"};
+    while (!atomic_load(w->stop)) {
+        /* Refused while the range is gone: keep trying, as an eager peer would. */
+        if (ferry_batch_submit(batch, &req, 1) == FERRY_OK &&
+            ferry_batch_wait(batch, 30000) == FERRY_OK)
+            atomic_fetch_add(&w->done, 1);
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return NULL;
+}
+
+/* WRITERS threads write the peer's first WRITERS MiB over shm while the
+ * peer unregisters it, fills it with a canary and looks at it 80 ms later,
+ * six times; it registers the range again in between so writes resume. */
+static void unregister_under_writers(void)
+{
+    setenv("FERRY_TRANSPORTS", "shm,tcp", 1); /* the peer inherits it */
+    ferry_engine_h engine;
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    size_t range = (size_t)WRITERS * BLOCK;
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", range), "OK");
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    unsigned char *local = malloc(range);
+    cr_assert_not_null(local);
+    memset(local, 0xab, range);
+    atomic_int stop = 0;
+    writer_t writers[WRITERS];
+    for (int i = 0; i < WRITERS; i++) {
+        writers[i] = (writer_t){.engine = engine, .segment = segment,
+                                .remote = peer.arena + (uint64_t)i * BLOCK,
+                                .local = local + (size_t)i * BLOCK, .stop = &stop};
+        cr_assert_eq(pthread_create(&writers[i].thread, NULL, write_loop, &writers[i]), 0);
+    }
+    for (int round = 0; round < 6; round++) {
+        long before = 0;
+        for (int i = 0; i < WRITERS; i++)
+            before += atomic_load(&writers[i].done);
+        for (int waited = 0; waited < 500; waited++) { /* writes go through again */
+            long now = 0;
+            for (int i = 0; i < WRITERS; i++)
+                now += atomic_load(&writers[i].done);
+            if (now >= before + 2 * WRITERS)
+                break;
+            usleep(10000);
+        }
+        cr_assert_str_eq(peer_cmd(&peer, "unreg 0"), "OK");
+        cr_assert_str_eq(peer_cmd(&peer, "fill 0 %zu %d", range, 90 + round), "OK");
+        usleep(80000);
+        cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu %d", range, 90 + round), "OK",
+                         "round %d: a write landed after ferry_unregister returned", round);
+        cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", range), "OK");
+    }
+    atomic_store(&stop, 1);
+    long total = 0;
+    for (int i = 0; i < WRITERS; i++) {
+        pthread_join(writers[i].thread, NULL);
+        total += atomic_load(&writers[i].done);
+    }
+    cr_assert_gt(total, 12 * WRITERS, "the writers hardly wrote (%ld writes)", total);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    ferry_engine_destroy(engine);
+    free(local);
+}
+
+Test(one_sided, no_write_lands_after_unregister_with_p2p_metadata)
+{
+    unsetenv("FERRY_METADATA");
+    unregister_under_writers();
+}
+
+/* With a shared store nobody fetches from the owner: the writers must
+ * make themselves known to it before their first copy. */
+Test(one_sided, no_write_lands_after_unregister_with_a_shared_store)
+{
+    const char *missing = service_missing(SERVICE_METAD);
+    if (missing != NULL)
+        cr_skip_test("%s", missing);
+    service_t metad;
+    cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
+    setenv("FERRY_METADATA", metad.uri, 1);
+    unregister_under_writers();
+    service_cleanup(&metad);
+}
+
+/* ---- descriptors forged in a shared store ---- */
+
+/* The store's descriptor of the honest peer, its first buffer's length and
+ * access replaced, published under name. */
+static void publish_forged(const service_t *metad, const char *name, size_t honest_length,
+                           const char *honest_access)
+{
+    static char json[1 << 17], forged[1 << 17];
+    size_t length;
+    cr_assert_eq(http_call(metad->port, "GET", "/metadata?key=ferry%2Fsegments%2Fhonest", NULL,
+                           NULL, 0, json, sizeof(json), &length),
+                 200);
+    char find[64], with[64];
+    snprintf(find, sizeof(find), "\"length\":\"%zu\",", honest_length);
+    snprintf(with, sizeof(with), "\"length\":\"%zu\",", (size_t)1 << 30);
+    char *at = strstr(json, find);
+    cr_assert_not_null(at, "no %s in %s", find, json);
+    int n = snprintf(forged, sizeof(forged), "%.*s%s%s", (int)(at - json), json, with,
+                     at + strlen(find));
+    cr_assert(n > 0 && (size_t)n < sizeof(forged));
+    snprintf(find, sizeof(find), "\"access\":\"%s\"", honest_access);
+    at = strstr(forged, find);
+    cr_assert_not_null(at, "no %s in %s", find, forged);
+    snprintf(json, sizeof(json), "%.*s\"access\":\"rw\"%s", (int)(at - forged), forged,
+             at + strlen(find));
+    if (strcmp(name, "honest") != 0) {
+        at = strstr(json, "\"name\":\"honest\"");
+        cr_assert_not_null(at);
+        snprintf(forged, sizeof(forged), "%.*s\"name\":\"%s\"%s", (int)(at - json), json, name,
+                 at + strlen("\"name\":\"honest\""));
+        snprintf(json, sizeof(json), "%s", forged);
+    }
+    char target[128];
+    snprintf(target, sizeof(target), "/metadata?key=ferry%%2Fsegments%%2F%s", name);
+    cr_assert_eq(http_call(metad->port, "PUT", target, NULL, json, strlen(json), NULL, 0, NULL),
+                 200);
+}
+
+/* Through transport (one-sided) the forged buffer is not reached at all;
+ * through the engine's choice the target's own check refuses it. */
+static void forged_is_refused(ferry_engine_h engine, peer_process_t *peer, const char *name,
+                              const char *transport)
+{
+    ferry_segment_h segment;
+    unsigned char local[4096];
+    test_pattern_fill(local, sizeof(local), 5);
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(peer, "sum 0 %zu", 4 * MIB));
+    cr_assert_eq(ferry_segment_open(engine, name, &segment), FERRY_OK);
+    const struct {
+        uint64_t offset;
+        const char *what;
+    } targets[] = {{2 * MIB, "past the registration"}, {64, "into the read-only buffer"}};
+    for (size_t i = 0; i < 2; i++)
+        for (int named = 0; named < 2; named++)
+            cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment,
+                                          peer->arena + targets[i].offset, sizeof(local),
+                                          named ? transport : NULL, NULL),
+                          FERRY_OK, "%s: a write %s via %s", name, targets[i].what,
+                          named ? transport : "the engine's choice");
+    cr_assert_str_eq(peer_cmd(peer, "sum 0 %zu", 4 * MIB), before, "%s: memory changed", name);
+    ferry_segment_close(engine, segment);
+}
+
+static void forged_store_entries(const char *transports, const char *one_sided,
+                                 const char *const *peer_env)
+{
+    service_t metad;
+    service_start_forgery_store(&metad);
+    setenv("FERRY_TRANSPORTS", transports, 1);
+    ferry_engine_h engine;
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, peer_env), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "fill 0 %zu 4", 4 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu r", MIB), "OK");
+
+    /* Honest: reads over the one-sided transport work. */
+    ferry_segment_h segment;
+    unsigned char local[4096];
+    cr_assert_eq(ferry_segment_open(engine, "honest", &segment), FERRY_OK);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_READ, local, segment, peer.arena,
+                                 sizeof(local), one_sided, NULL),
+                 FERRY_OK, "an honest read via %s", one_sided);
+    cr_assert_eq(test_pattern_check(local, sizeof(local), 4), SIZE_MAX);
+    ferry_segment_close(engine, segment);
+
+    publish_forged(&metad, "forged", MIB, "r"); /* another name, the owner's endpoints */
+    forged_is_refused(engine, &peer, "forged", one_sided);
+    publish_forged(&metad, "honest", MIB, "r"); /* the owner's own entry, overwritten */
+    ferry_segment_refresh(engine, "honest");
+    forged_is_refused(engine, &peer, "honest", one_sided);
+    peer_stop(&peer);
+    ferry_engine_destroy(engine); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
+}
+
+Test(one_sided, a_forged_store_entry_does_not_steer_shm)
+{
+    static const char *const env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+    forged_store_entries("shm,tcp", "shm", env);
+}
+
+/* UCX over shared memory, for the same-host cases; skips without the module. */
+static void use_ucx_shm(void)
+{
+    if (!service_module_built("ucx"))
+        cr_skip_test("the ucx module is not built");
+    setenv("UCX_TLS", "sm,self", 1);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+}
+
+Test(one_sided, a_forged_store_entry_does_not_steer_ucx)
+{
+    use_ucx_shm();
+    static const char *const env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+    forged_store_entries("ucx,tcp", "ucx", env);
+}
+
+/* A UCX rkey lets whoever holds it read the buffer: a write-only buffer is
+ * published without one, so peers reading the store learn no key to it. */
+Test(one_sided, a_write_only_buffer_gets_no_ucx_key)
+{
+    use_ucx_shm();
+    setenv("FERRY_TRANSPORTS", "ucx,tcp", 1);
+    unsetenv("FERRY_METADATA");
+    ferry_engine_h engine;
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu w", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", MIB, MIB), "OK");
+    ferry_segment_h segment;
+    char *json;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    const char *write_only = strstr(json, "\"access\":\"w\"");
+    const char *read_write = strstr(json, "\"access\":\"rw\"");
+    cr_assert(write_only != NULL && read_write != NULL, "%s", json);
+    /* Each buffer's keys follow its access. */
+    const char *keys = strstr(write_only, "\"keys\":{");
+    cr_assert_not_null(keys);
+    cr_assert(strstr(keys, "\"ucx\"") == NULL || strstr(keys, "\"ucx\"") > strchr(keys, '}'),
+              "the write-only buffer has a ucx key: %s", json);
+    keys = strstr(read_write, "\"keys\":{");
+    cr_assert(keys != NULL && strstr(keys, "\"ucx\"") != NULL &&
+                  strstr(keys, "\"ucx\"") < strchr(keys, '}'),
+              "the read-write buffer lost its ucx key: %s", json);
+    free(json);
+    unsigned char local[4096];
+    test_pattern_fill(local, sizeof(local), 3);
+    cr_assert_eq(one_request_via(engine, FERRY_OP_WRITE, local, segment, peer.arena + 64,
+                                 sizeof(local), "tcp", NULL),
+                 FERRY_OK, "the write-only buffer takes writes");
+    cr_assert_str_eq(peer_cmd(&peer, "check 64 %zu 3", sizeof(local)), "OK");
+    cr_assert_neq(one_request_via(engine, FERRY_OP_READ, local, segment, peer.arena + 64,
+                                  sizeof(local), "ucx", NULL),
+                  FERRY_OK, "a read via ucx");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    ferry_engine_destroy(engine);
+}
