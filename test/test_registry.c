@@ -73,6 +73,52 @@ Test(registry, identical_range_takes_a_reference)
     cr_assert_eq(ferry_unregister(engine, arena), FERRY_ERR_NOT_REGISTERED);
 }
 
+/* Peers are told what was registered: the identical range again with
+ * other flags or another location would leave them believing the first. */
+Test(registry, identical_range_with_other_flags_or_location_is_refused)
+{
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu", FERRY_REG_REMOTE), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu", FERRY_REG_REMOTE_READ),
+                 FERRY_ERR_INVALID_PARAM, "read-write, then read-only");
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu:1", 0), FERRY_ERR_INVALID_PARAM);
+    cr_assert_eq(ferry_register(engine, arena, 4096, NULL, 0), FERRY_OK, "NULL is cpu, 0 is rw");
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_OK);
+    cr_assert_eq(ferry_unregister(engine, arena), FERRY_OK);
+    cr_assert_eq(published_buffers(), 0, "refused calls took no reference");
+    /* Unregistered, it takes the new flags; the descriptor says so. */
+    cr_assert_eq(ferry_register(engine, arena, 4096, "cpu", FERRY_REG_REMOTE_READ), FERRY_OK);
+    ferry_segment_h self;
+    char *json;
+    cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, self, &json), FERRY_OK);
+    cr_assert_not_null(strstr(json, "\"access\":\"r\""), "%s", json);
+    free(json);
+    ferry_segment_close(engine, self);
+}
+
+/* A location the owner could not publish would break every peer's open. */
+Test(registry, malformed_locations_are_refused)
+{
+    static char huge[70000];
+    memset(huge, 'a', sizeof(huge) - 1);
+    const char *bad[] = {"\xff\xfe", "cpu\xc3", huge, "CPU", "cpu:", ":0", "cuda:0:1", "cpu 0",
+                         "cpu\n", "1cpu"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(ferry_register(engine, arena, 4096, bad[i], 0), FERRY_ERR_INVALID_PARAM,
+                     "location %zu", i);
+        void *mem = NULL;
+        cr_assert_eq(ferry_alloc(engine, 4096, bad[i], 0, &mem), FERRY_ERR_INVALID_PARAM,
+                     "alloc location %zu", i);
+    }
+    const char *good[] = {"cpu", "cpu:1", "cuda:0", "rocm:3", "cxl", "", "cuda:GPU-5f2a.1_b"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        cr_assert_eq(ferry_register(engine, arena + 8192 * i, 4096, good[i], 0), FERRY_OK,
+                     "location %s", good[i]);
+    }
+    cr_assert_eq(published_buffers(), (int)(sizeof(good) / sizeof(good[0])),
+                 "the descriptor encodes and decodes");
+}
+
 Test(registry, batch_is_all_or_nothing)
 {
     cr_assert_eq(ferry_register(engine, arena + 50000, 100, "cpu", 0), FERRY_OK);

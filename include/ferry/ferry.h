@@ -83,13 +83,20 @@ enum {
 typedef struct ferry_region {
     void *addr;
     size_t length;
-    const char *location; /* "cpu", "cpu:NUMA", "cxl", "cuda:N", ...; NULL = "cpu" */
+    /* "cpu", "cpu:NUMA", "cxl", "cuda:N", ...; NULL or "" = "cpu".  The
+     * grammar: kind[:qualifier], kind [a-z][a-z0-9_]*, qualifier
+     * [A-Za-z0-9_.-]+, 64 bytes at most; anything else is
+     * FERRY_ERR_INVALID_PARAM. */
+    const char *location;
 } ferry_region_t;
 
 /*
  * Register [addr, addr+length).  A range that partially overlaps a registered
- * one is refused (FERRY_ERR_OVERLAP); the identical range again takes a
- * reference that ferry_unregister() drops.  flags 0 means FERRY_REG_REMOTE.
+ * one is refused (FERRY_ERR_OVERLAP); the identical range again, with the
+ * same flags and location, takes a reference that ferry_unregister() drops;
+ * with other flags or another location it is refused
+ * (FERRY_ERR_INVALID_PARAM: unregister it first to change them).  flags 0
+ * means FERRY_REG_REMOTE.
  */
 FERRY_API ferry_status_t ferry_register(ferry_engine_h engine, void *addr, size_t length,
                               const char *location, unsigned flags);

@@ -61,6 +61,18 @@ static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entr
     return FERRY_OK;
 }
 
+static const char *access_name(unsigned flags)
+{
+    switch (flags & FERRY_REG_REMOTE) {
+    case FERRY_REG_REMOTE_READ:
+        return "r";
+    case FERRY_REG_REMOTE_WRITE:
+        return "w";
+    default:
+        return "rw";
+    }
+}
+
 /* Adds one range or one reference; caller holds register_lock. */
 static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t *region,
                                    unsigned flags, ferry_reg_entry_t **entry_p, int *added_p)
@@ -73,18 +85,32 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
                     region->addr, region->length);
         return FERRY_ERR_INVALID_PARAM;
     }
+    const char *location = region->location && *region->location ? region->location : "cpu";
+    if (!ferry_location_valid(location)) {
+        ferry_error("register [%p, +%zu): location \"%.64s%s\" is not kind[:qualifier] (e.g. "
+                    "cpu, cpu:1, cuda:0) of at most %d bytes", region->addr, region->length,
+                    location, strlen(location) > 64 ? "..." : "", FERRY_LOCATION_MAX);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     ferry_status_t status = ferry_registry_check(&engine->registry, addr, region->length, &entry);
     if (status == FERRY_ERR_OVERLAP) {
         ferry_error("register [%p, +%zu): partially overlaps a registered range",
                     region->addr, region->length);
         return status;
     }
+    if (entry != NULL && (entry->flags != flags || strcmp(entry->location, location) != 0)) {
+        ferry_error("register [%p, +%zu): already registered with access %s at %s; unregister "
+                    "it first to register it with access %s at %s", region->addr,
+                    region->length, access_name(entry->flags), entry->location,
+                    access_name(flags), location);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     if (entry != NULL) {
         entry->refs++;
         *entry_p = entry;
         return FERRY_OK;
     }
-    entry = ferry_reg_entry_new(addr, region->length, region->location, flags);
+    entry = ferry_reg_entry_new(addr, region->length, location, flags);
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
     entry->epoch = ++engine->register_epoch;
@@ -241,6 +267,11 @@ ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *loc
     if (addr_p == NULL || length == 0)
         return FERRY_ERR_INVALID_PARAM;
     *addr_p = NULL;
+    if (!ferry_location_valid(location)) {
+        ferry_error("allocate %zu bytes: location \"%.64s\" is not kind[:qualifier] of at most "
+                    "%d bytes", length, location, FERRY_LOCATION_MAX);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     flags = normalize_flags(flags);
     ferry_reg_entry_t *entry;
     ferry_status_t status = allocate_entry(engine, length, location, flags & FERRY_REG_REMOTE,

@@ -137,6 +137,10 @@ static inline void *ferry_handle_lookup(uint64_t handle, ferry_handle_kind_t kin
 }
 
 /* ---- location.c: ferry_location_is_host/_cxl (plugin.h) ---- */
+/* The grammar ferry_register and ferry_alloc accept: NULL, "" or
+ * kind[:qualifier] (ferry.h), at most FERRY_LOCATION_MAX bytes. */
+#define FERRY_LOCATION_MAX 64
+int ferry_location_valid(const char *location);
 
 /* ---- strings ---- */
 char *ferry_strdup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
