@@ -18,9 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../src/rpc/rpc.h"
 #include "one_request.h"
 #include "peer_process.h"
 #include "service_process.h"
+#include "test_clock.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -301,4 +303,74 @@ Test(one_sided, a_write_only_buffer_gets_no_ucx_key)
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
     ferry_engine_destroy(engine);
+}
+
+/* ---- the owner's side: subscribers ---- */
+
+/* A FETCH of engine's segment that names `from` as the caller's RPC. */
+static ferry_status_t fetch_as(ferry_engine_h engine, const char *from)
+{
+    const char *self = ferry_engine_segment_name(engine);
+    ferry_wire_writer_t out = {0};
+    ferry_wire_put_str(&out, self);
+    ferry_wire_put_str(&out, from);
+    void *reply = NULL;
+    size_t length;
+    ferry_status_t status = ferry_rpc_call(self, FERRY_RPC_FETCH, out.data, out.length, 2000,
+                                           1 << 20, &reply, &length);
+    free(reply);
+    free(out.data);
+    return status;
+}
+
+/* A listener that takes connections (the kernel does) and never answers. */
+static int mute_listener(char *endpoint, size_t size)
+{
+    int fd, port;
+    cr_assert_eq(ferry_net_listen("127.0.0.1", 0, 16, &fd, &port), FERRY_OK);
+    snprintf(endpoint, size, "127.0.0.1:%d", port);
+    return fd;
+}
+
+/* Forged FETCH frames name listeners that never answer: the owner's next
+ * unregister tells all subscribers at once under one bound and drops the
+ * mute ones; the list has a bound. */
+Test(one_sided, mute_subscribers_cost_one_bound_and_leave_the_list)
+{
+    setenv("FERRY_INVALIDATE_TIMEOUT", "1000ms", 1);
+    setenv("FERRY_SUBSCRIBERS_MAX", "10", 1);
+    unsetenv("FERRY_METADATA");
+    setenv("FERRY_TRANSPORTS", "tcp", 1);
+    ferry_engine_h owner;
+    cr_assert_eq(ferry_engine_create(NULL, &owner), FERRY_OK);
+    enum { MUTE = 8 };
+    int fds[MUTE + 3];
+    char endpoints[MUTE + 3][64];
+    for (int i = 0; i < MUTE + 3; i++)
+        fds[i] = mute_listener(endpoints[i], sizeof(endpoints[i]));
+    for (int i = 0; i < MUTE; i++)
+        cr_assert_eq(fetch_as(owner, endpoints[i]), FERRY_OK);
+    static char buffer[4096];
+    cr_assert_eq(ferry_register(owner, buffer, sizeof(buffer), "cpu", 0), FERRY_OK);
+    double start = test_now();
+    cr_assert_eq(ferry_unregister(owner, buffer), FERRY_OK);
+    double took = test_now() - start;
+    cr_assert_lt(took, 3.0, "%d mute subscribers took %.1f s (bound: 1 s for all)", MUTE, took);
+    cr_assert_gt(took, 0.5, "the mute subscribers were waited for (%.2f s)", took);
+    /* They are gone: the next unregister waits for nobody. */
+    cr_assert_eq(ferry_register(owner, buffer, sizeof(buffer), "cpu", 0), FERRY_OK);
+    start = test_now();
+    cr_assert_eq(ferry_unregister(owner, buffer), FERRY_OK);
+    cr_assert_lt(test_now() - start, 0.5, "dropped subscribers were asked again");
+    /* The bound: 10 subscribers, the 11th is refused. */
+    for (int i = 0; i < 10; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "127.0.0.1:%d", 1000 + i);
+        cr_assert_eq(fetch_as(owner, name), FERRY_OK);
+    }
+    cr_assert_eq(fetch_as(owner, endpoints[MUTE]), FERRY_ERR_NO_RESOURCE);
+    cr_assert_eq(fetch_as(owner, "127.0.0.1:1000"), FERRY_OK, "a known subscriber again");
+    for (int i = 0; i < MUTE + 3; i++)
+        close(fds[i]);
+    ferry_engine_destroy(owner);
 }

@@ -269,6 +269,7 @@ typedef struct ferry_engine_settings {
     size_t rpc_max_frame;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
+    unsigned subscribers_max;
     unsigned wait_spin_us;
     size_t copy_nt_min;
     char *copy_threads;
@@ -316,8 +317,11 @@ struct ferry_engine {
     atomic_int serving;
     ferry_segment_cache_t segments;
 
+    /* The peers an unregister tells (FETCH callers, transports' peers),
+     * at most settings.subscribers_max. */
     pthread_mutex_t subscribers_lock;
     ferry_subscriber_t *subscribers;
+    unsigned n_subscribers;
 
     pthread_mutex_t notify_lock;
     ferry_notify_item_t *notify_head, *notify_tail;
@@ -345,6 +349,9 @@ void ferry_engine_deregister_all(ferry_engine_t *engine);
 ferry_status_t ferry_engine_access_acquire(void *engine, uint64_t addr, uint64_t length,
                                            ferry_access_t access, void **token_p);
 void ferry_engine_access_release(void *engine, void *token);
+/* rpc becomes a subscriber (told of our unregisters); FERRY_ERR_NO_RESOURCE
+ * when the list is full. */
+ferry_status_t ferry_engine_subscribe(ferry_engine_t *engine, const char *rpc);
 void ferry_engine_peer_seen(void *engine, const char *rpc);
 void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc);
 

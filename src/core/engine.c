@@ -34,8 +34,13 @@ static const ferry_setting_t engine_settings[] = {
             "reply)", rpc_timeout_ms, FERRY_SETTING_TIME_MS),
     SETTING("RPC_MAX_FRAME", "64m", "largest RPC frame accepted", rpc_max_frame,
             FERRY_SETTING_SIZE),
-    SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for each peer to "
-            "acknowledge an invalidation", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for its subscribers to "
+            "acknowledge an invalidation (all are told at once; one that does not answer in "
+            "time is dropped from the list)", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("SUBSCRIBERS_MAX", "65536", "peers an engine tells of its unregisters (those that "
+            "fetched its descriptor or connected); at the bound a new one is refused (its fetch "
+            "fails) until an unanswered invalidation drops some", subscribers_max,
+            FERRY_SETTING_UINT),
     SETTING("CONFIRM_DESCRIPTORS", "yes", "one-sided transports (shm, cxl, ucx) use a descriptor "
             "from a shared metadata store only once its owner served the same over RPC, which "
             "also subscribes this engine to the owner's invalidations; no: trust the store (then "

@@ -300,40 +300,41 @@ ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *loc
     return FERRY_OK;
 }
 
+/* Tell every subscriber at once, under one bound for all: a peer that
+ * does not answer costs the bound once, however many there are.  A peer
+ * that cannot hear us is gone (it refetches when it returns): forgotten. */
 static void invalidate_peers(ferry_engine_t *engine)
 {
     ferry_wire_writer_t writer = {0};
     ferry_wire_put_str(&writer, engine->name);
     ferry_wire_put_u64(&writer, engine->generation);
-    if (writer.failed) {
-        free(writer.data);
-        return;
-    }
-    /* Copy the list: the RPCs below must not run under subscribers_lock. */
+    /* Copy the list: the calls below must not run under subscribers_lock. */
     pthread_mutex_lock(&engine->subscribers_lock);
     size_t count = 0;
-    for (ferry_subscriber_t *s = engine->subscribers; s; s = s->next)
-        count++;
-    char **targets = calloc(count ? count : 1, sizeof(*targets));
-    count = 0;
+    char **targets = calloc(engine->n_subscribers + 1, sizeof(*targets));
     for (ferry_subscriber_t *s = engine->subscribers; s && targets; s = s->next)
         if ((targets[count] = strdup(s->rpc)) != NULL)
             count++;
     pthread_mutex_unlock(&engine->subscribers_lock);
-
+    ferry_status_t *statuses = calloc(count + 1, sizeof(*statuses));
+    if (writer.failed || targets == NULL || statuses == NULL) {
+        ferry_error("unregister: out of memory; %zu peer(s) not told", count);
+        count = 0;
+    }
+    ferry_rpc_call_all((const char *const *)targets, count, FERRY_RPC_INVALIDATE, writer.data,
+                       writer.length, engine->settings.invalidate_timeout_ms,
+                       engine->settings.rpc_max_frame, statuses);
     for (size_t i = 0; i < count; i++) {
-        ferry_status_t status = ferry_rpc_call(
-            targets[i], FERRY_RPC_INVALIDATE, writer.data, writer.length,
-            engine->settings.invalidate_timeout_ms, engine->settings.rpc_max_frame, NULL, NULL);
-        if (status != FERRY_OK) {
-            /* A peer that cannot hear us is gone; it refetches when it returns. */
+        if (statuses[i] != FERRY_OK) {
             ferry_info("peer %s did not take the invalidation (%s); forgetting it", targets[i],
-                       ferry_status_string(status));
+                       ferry_status_string(statuses[i]));
             ferry_engine_peer_forget_rpc(engine, targets[i]);
         }
-        free(targets[i]);
     }
+    for (size_t i = 0; targets != NULL && i < count; i++)
+        free(targets[i]);
     free(targets);
+    free(statuses);
     free(writer.data);
 }
 
@@ -535,24 +536,40 @@ void ferry_engine_access_release(void *arg, void *token)
     ferry_registry_release(&engine->registry, token);
 }
 
-void ferry_engine_peer_seen(void *arg, const char *rpc)
+ferry_status_t ferry_engine_subscribe(ferry_engine_t *engine, const char *rpc)
 {
-    ferry_engine_t *engine = arg;
     if (rpc == NULL || *rpc == '\0' || strcmp(rpc, engine->rpc_endpoint) == 0)
-        return;
+        return FERRY_OK;
+    ferry_status_t status = FERRY_OK;
     pthread_mutex_lock(&engine->subscribers_lock);
     ferry_subscriber_t *s = engine->subscribers;
     while (s && strcmp(s->rpc, rpc) != 0)
         s = s->next;
-    if (s == NULL && (s = calloc(1, sizeof(*s))) != NULL) {
+    if (s == NULL && engine->n_subscribers >= engine->settings.subscribers_max) {
+        status = FERRY_ERR_NO_RESOURCE;
+    } else if (s == NULL && (s = calloc(1, sizeof(*s))) != NULL) {
         if ((s->rpc = strdup(rpc)) != NULL) {
             s->next = engine->subscribers;
             engine->subscribers = s;
+            engine->n_subscribers++;
         } else {
             free(s);
+            status = FERRY_ERR_NO_MEMORY;
         }
+    } else if (s == NULL) {
+        status = FERRY_ERR_NO_MEMORY;
     }
     pthread_mutex_unlock(&engine->subscribers_lock);
+    if (status == FERRY_ERR_NO_RESOURCE)
+        ferry_warn("peer %s is not taken as a subscriber: %u already (FERRY_SUBSCRIBERS_MAX); "
+                   "those that do not answer an invalidation leave the list", rpc,
+                   engine->settings.subscribers_max);
+    return status;
+}
+
+void ferry_engine_peer_seen(void *arg, const char *rpc)
+{
+    ferry_engine_subscribe(arg, rpc); /* a transport's peer: it logged why not */
 }
 
 void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc)
@@ -562,6 +579,7 @@ void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc)
         if (strcmp((*p)->rpc, rpc) == 0) {
             ferry_subscriber_t *gone = *p;
             *p = gone->next;
+            engine->n_subscribers--;
             free(gone->rpc);
             free(gone);
             break;

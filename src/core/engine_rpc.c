@@ -25,7 +25,10 @@ static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *
                     engine->name);
         return FERRY_ERR_SEGMENT_NOT_FOUND;
     }
-    ferry_engine_peer_seen(engine, from);
+    /* A fetcher may copy one-sided next: it must hear our unregisters. */
+    ferry_status_t subscribed = ferry_engine_subscribe(engine, from);
+    if (subscribed != FERRY_OK)
+        return subscribed;
     char *json;
     ferry_status_t status = ferry_engine_local_descriptor(engine, NULL, &json);
     if (status != FERRY_OK)

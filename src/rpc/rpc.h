@@ -66,6 +66,16 @@ ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payloa
                               size_t length, unsigned timeout_ms, size_t max_frame,
                               void **reply_p, size_t *reply_length_p);
 
+/* rpc_fanout.c: the same request to every endpoint at once, all answers
+ * awaited together for timeout_ms in all (not per endpoint); statuses[i]
+ * is endpoint i's: FERRY_OK for a reply of the right type, the reply's
+ * error status, or why none came.  Replies' payloads are read and dropped.
+ * One thread, non-blocking sockets: n unanswered endpoints cost one bound,
+ * not n. */
+void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const void *payload,
+                        size_t length, unsigned timeout_ms, size_t max_frame,
+                        ferry_status_t *statuses);
+
 /* ---- wire.c: payload encoding (big-endian, length-prefixed strings) ---- */
 
 typedef struct ferry_wire_writer {

@@ -166,6 +166,32 @@ ferry_status_t ferry_net_connect(const char *hostport, unsigned timeout_ms, int 
     return status;
 }
 
+ferry_status_t ferry_net_connect_begin(const char *hostport, int *fd_p)
+{
+    char host[256];
+    int port;
+    if (ferry_net_split(hostport, host, sizeof(host), &port, 1) != FERRY_OK)
+        return FERRY_ERR_INVALID_PARAM;
+    struct addrinfo *res;
+    ferry_status_t status = resolve(host, port, 0, &res);
+    if (status != FERRY_OK)
+        return status;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    status = fd < 0 ? FERRY_ERR_IO : FERRY_OK;
+    if (status == FERRY_OK && connect(fd, res->ai_addr, res->ai_addrlen) != 0 &&
+        errno != EINPROGRESS) {
+        close(fd);
+        status = FERRY_ERR_CONNECT;
+    }
+    freeaddrinfo(res);
+    if (status == FERRY_OK) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        *fd_p = fd;
+    }
+    return status;
+}
+
 void ferry_net_set_timeout(int fd, unsigned timeout_ms)
 {
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};

@@ -74,6 +74,9 @@ ferry_status_t ferry_net_listen(const char *host, int port, int backlog, int *fd
                                 int *port_p);
 /* Connect with a timeout; returns a blocking socket with TCP_NODELAY. */
 ferry_status_t ferry_net_connect(const char *hostport, unsigned timeout_ms, int *fd_p);
+/* Start connecting a non-blocking socket to host:port (its first address);
+ * it is connected once writable with SO_ERROR 0. */
+ferry_status_t ferry_net_connect_begin(const char *hostport, int *fd_p);
 /* A blocking call on fd gives up when no byte moved for timeout_ms (0 = never). */
 void ferry_net_set_timeout(int fd, unsigned timeout_ms);
 /* Send/receive exactly len bytes.  FERRY_ERR_TIMEOUT when the socket's
