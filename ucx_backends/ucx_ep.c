@@ -193,10 +193,26 @@ static void error_callback(void *arg, ucp_ep_h handle, ucs_status_t status)
     ferry_ucx_ep_fail(arg, FERRY_ERR_PEER_FAILED, ucs_status_string(status));
 }
 
+/* Double the late list (few: the caller's stack array, not freed). */
+static int grow_late(ferry_ucx_ep_t ***late_p, ferry_ucx_ep_t **few, size_t *cap_p)
+{
+    ferry_ucx_ep_t **grown = malloc(2 * *cap_p * sizeof(*grown));
+    if (grown == NULL)
+        return 0;
+    memcpy(grown, *late_p, *cap_p * sizeof(*grown));
+    if (*late_p != few)
+        free(*late_p);
+    *late_p = grown;
+    *cap_p *= 2;
+    return 1;
+}
+
 void ferry_ucx_worker_housekeeping(ferry_ucx_worker_t *w, int sweep)
 {
-    ferry_ucx_ep_t *close = NULL, *flush, *late[64];
-    size_t n_late = 0;
+    /* Every late endpoint is looked at, however many: a fixed array would
+     * leave those past its end unchecked at every sweep (never timing out). */
+    ferry_ucx_ep_t *close = NULL, *flush, *few[64], **late = few;
+    size_t n_late = 0, late_cap = FERRY_UCX_ARRAY_SIZE(few);
     unsigned timeout = w->ucx->settings.timeout_ms;
     uint64_t now = ferry_ucx_time_ms();
     pthread_mutex_lock(&w->lock);
@@ -208,12 +224,14 @@ void ferry_ucx_worker_housekeeping(ferry_ucx_worker_t *w, int sweep)
         ep->flush_queued = 0;
     atomic_store(&w->close_pending, 0);
     if (sweep && atomic_load(&w->busy) > 0) {
-        for (ferry_ucx_ep_t *ep = w->eps; ep != NULL && n_late < 64; ep = ep->worker_next) {
+        for (ferry_ucx_ep_t *ep = w->eps; ep != NULL; ep = ep->worker_next) {
             if (atomic_load(&ep->outstanding) == 0 || atomic_load(&ep->failed) != 0)
                 continue;
             if ((timeout != 0 &&
                  ferry_ucx_since(atomic_load(&ep->last_activity_ms), now) >= timeout) ||
                 ep->pid > 0) {
+                if (n_late == late_cap && !grow_late(&late, few, &late_cap))
+                    break; /* out of memory: the rest wait for the next sweep */
                 atomic_fetch_add(&ep->refs, 1);
                 late[n_late++] = ep;
             }
@@ -237,6 +255,8 @@ void ferry_ucx_worker_housekeeping(ferry_ucx_worker_t *w, int sweep)
         }
         ferry_ucx_ep_unref(late[i]);
     }
+    if (late != few)
+        free(late);
     if (n_late) {
         pthread_mutex_lock(&w->lock);
         ferry_ucx_ep_t *more = w->close_queue;

@@ -161,6 +161,10 @@ static void list_add(ferry_plugin_list_t *list, const ferry_plugin_t *plugin)
             return;
     if (list->count < FERRY_ARRAY_SIZE(list->plugins))
         list->plugins[list->count++] = plugin;
+    else
+        ferry_warn("more than %zu plugins found: %s plugin \"%s\" is left out (name it in "
+                   "FERRY_TRANSPORTS or FERRY_METADATA to use it)",
+                   FERRY_ARRAY_SIZE(list->plugins), kind_name(plugin->kind), plugin->name);
 }
 
 static void list_dir(const char *dir, void *arg)
