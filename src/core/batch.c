@@ -92,6 +92,15 @@ static unsigned batch_pending(ferry_batch_t *batch)
     return PENDING_COUNT(atomic_load_explicit(&batch->pending, memory_order_acquire));
 }
 
+/* The request no longer counts among its segment's copiers (see
+ * copier_enter). */
+static void copier_leave(request_state_t *req)
+{
+    if (req->copier >= 0)
+        ferry_segment_copier_exit(req->segment, req->copier);
+    req->copier = -1;
+}
+
 static void request_finish(request_state_t *req)
 {
     ferry_batch_t *batch = req->batch;
@@ -100,12 +109,9 @@ static void request_finish(request_state_t *req)
         ferry_registry_release(&batch->engine->registry, req->local_entry);
         req->local_entry = NULL;
     }
+    copier_leave(req);
     /* Plain (release) stores, no locked instruction: the countdown of
      * pending below publishes them to whoever sees it reach 0. */
-    if (req->copier >= 0) {
-        ferry_segment_copier_exit(req->segment, req->copier);
-        req->copier = -1;
-    }
     atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
                           memory_order_release);
     if (error)
@@ -329,13 +335,6 @@ static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *req)
     if (!engine->transports[req->transport].one_sided)
         return FERRY_OK;
     return ferry_segment_copier_enter(req->segment, req->desc_version, &req->copier);
-}
-
-static void copier_leave(request_state_t *req)
-{
-    if (req->copier >= 0)
-        ferry_segment_copier_exit(req->segment, req->copier);
-    req->copier = -1;
 }
 
 /* Cut the request into its transport's slices, linked by next (again only
