@@ -43,6 +43,7 @@ typedef struct writer {
     ferry_segment_h segment;
     uint64_t remote;
     unsigned char *local;
+    const char *via;
     atomic_int *stop;
     atomic_long done; /* writes that completed */
     pthread_t thread;
@@ -54,7 +55,7 @@ static void *write_loop(void *arg)
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(w->engine, 1, &batch), FERRY_OK);
     ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = w->local, .target = w->segment,
-                           .target_offset = w->remote, .length = BLOCK, .transport = "shm"};
+                           .target_offset = w->remote, .length = BLOCK, .transport = w->via};
     while (!atomic_load(w->stop)) {
         /* Refused while the range is gone: keep trying, as an eager peer would. */
         if (ferry_batch_submit(batch, &req, 1) == FERRY_OK &&
@@ -65,12 +66,13 @@ static void *write_loop(void *arg)
     return NULL;
 }
 
-/* WRITERS threads write the peer's first WRITERS MiB over shm while the
- * peer unregisters it, fills it with a canary and looks at it 80 ms later,
- * six times; it registers the range again in between so writes resume. */
-static void unregister_under_writers(void)
+/* WRITERS threads write the peer's first WRITERS MiB via that one-sided
+ * transport while the peer unregisters it, fills it with a canary and
+ * looks at it 80 ms later, six times; it registers the range again in
+ * between so writes resume. */
+static void unregister_under_writers(const char *transports, const char *via)
 {
-    setenv("FERRY_TRANSPORTS", "shm,tcp", 1); /* the peer inherits it */
+    setenv("FERRY_TRANSPORTS", transports, 1); /* the peer inherits it */
     ferry_engine_h engine;
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
     peer_process_t peer;
@@ -87,7 +89,8 @@ static void unregister_under_writers(void)
     for (int i = 0; i < WRITERS; i++) {
         writers[i] = (writer_t){.engine = engine, .segment = segment,
                                 .remote = peer.arena + (uint64_t)i * BLOCK,
-                                .local = local + (size_t)i * BLOCK, .stop = &stop};
+                                .local = local + (size_t)i * BLOCK, .via = via,
+                                .stop = &stop};
         cr_assert_eq(pthread_create(&writers[i].thread, NULL, write_loop, &writers[i]), 0);
     }
     for (int round = 0; round < 6; round++) {
@@ -125,7 +128,7 @@ static void unregister_under_writers(void)
 Test(one_sided, no_write_lands_after_unregister_with_p2p_metadata)
 {
     unsetenv("FERRY_METADATA");
-    unregister_under_writers();
+    unregister_under_writers("shm,tcp", "shm");
 }
 
 /* With a shared store nobody fetches from the owner: the writers must
@@ -138,8 +141,17 @@ Test(one_sided, no_write_lands_after_unregister_with_a_shared_store)
     service_t metad;
     cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
     setenv("FERRY_METADATA", metad.uri, 1);
-    unregister_under_writers();
+    unregister_under_writers("shm,tcp", "shm");
     service_cleanup(&metad);
+}
+
+static void use_ucx_shm(void);
+
+Test(one_sided, no_ucx_write_lands_after_unregister)
+{
+    use_ucx_shm();
+    unsetenv("FERRY_METADATA");
+    unregister_under_writers("ucx,tcp", "ucx");
 }
 
 /* ---- descriptors forged in a shared store ---- */
