@@ -12,6 +12,8 @@ packages="$packages libucx-dev"
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
+    # the sanitizer passes' runtimes (GCC 12's; build-essential brings them today)
+    packages="$packages libasan8 libubsan1 libtsan2"
     # test_netns: two network namespaces joined by a veth (ip netns, ip link)
     packages="$packages iproute2"
     # servers the metadata tests start themselves, on free loopback ports

@@ -211,8 +211,9 @@ Test(ucx, progress_thread_alone_completes_concurrent_eager_writes_over_tcp)
         writers[t] = (writer_t){segment, local + t * 4 * MIB, peer.arena + t * 4 * MIB, 0};
         cr_assert_eq(pthread_create(&threads[t], NULL, write_batches, &writers[t]), 0);
     }
+    for (int t = 0; t < 2; t++)
+        pthread_join(threads[t], NULL); /* both, before an assertion can end the test */
     for (int t = 0; t < 2; t++) {
-        pthread_join(threads[t], NULL);
         cr_assert_eq(writers[t].status, FERRY_OK, "writer %d: %s", t,
                      ferry_status_string(writers[t].status));
         cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu %d", t * 4 * MIB, 4 * MIB, 30 + t), "OK");
@@ -320,8 +321,9 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated,
         if (status == FERRY_OK)
             status = ferry_batch_wait(batch, 20000);
     } while (status == FERRY_OK && now() - begin < 15.0);
-    double elapsed = now() - k.at;
-    pthread_join(thread, NULL);
+    double failed_at = now();
+    pthread_join(thread, NULL); /* k.at is the killer's until it is joined */
+    double elapsed = failed_at - k.at;
     cr_assert_neq(status, FERRY_OK, "writes cannot keep succeeding once the peer is gone");
     cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
     cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_UCX_TIMEOUT=2 s)", elapsed);

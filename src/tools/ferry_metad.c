@@ -646,6 +646,7 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    size_t loaded = table.count; /* before MHD's threads may change it */
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *daemon = MHD_start_daemon(
@@ -660,7 +661,7 @@ int main(int argc, char **argv)
     printf("ferry_metad: listening on %s\n", shown);
     fflush(stdout);
     if (persist_path != NULL)
-        fprintf(stderr, "ferry_metad: %zu key(s) from %s\n", table.count, persist_path);
+        fprintf(stderr, "ferry_metad: %zu key(s) from %s\n", loaded, persist_path);
 
     int sig = 0;
     while (sigwait(&stop_signals, &sig) != 0)
