@@ -324,3 +324,29 @@ Test(faults, garbage_to_the_rpc_listener_leaves_it_serving)
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
 }
+
+Test(faults, idle_connections_do_not_lock_out_the_rpc_listener)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    /* More idle connections than the listener keeps, then half headers. */
+    enum { IDLE = 300, HALF = 20 };
+    static int fds[IDLE + HALF];
+    unsigned char header[16] = {'F', 'R', 'R', 'Y', 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < IDLE + HALF; i++) {
+        fds[i] = connect_to(peer.name);
+        if (i >= IDLE)
+            cr_assert_eq(send(fds[i], header, 7, MSG_NOSIGNAL), 7);
+    }
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK,
+                 "the listener still answers");
+    test_pattern_fill(local, MIB, 3);
+    cr_assert_eq(write_once(segment, peer.arena, MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 3", MIB), "OK");
+    for (int i = 0; i < IDLE + HALF; i++)
+        close(fds[i]);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}

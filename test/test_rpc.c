@@ -60,13 +60,20 @@ static ferry_status_t echo_handler(void *arg, int type, const void *payload, siz
     return FERRY_ERR_UNSUPPORTED;
 }
 
-static void start_server(unsigned timeout_ms)
+static void start_server_with(const ferry_rpc_server_limits_t *limits)
 {
     int port;
-    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, MAX_FRAME, timeout_ms, echo_handler,
-                                        NULL, &server, &port), FERRY_OK);
+    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, limits, echo_handler, NULL, &server,
+                                        &port), FERRY_OK);
     cr_assert_gt(port, 0);
     snprintf(endpoint, sizeof(endpoint), "127.0.0.1:%d", port);
+}
+
+static void start_server(unsigned timeout_ms)
+{
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = timeout_ms,
+                                        .idle_timeout_ms = 10 * timeout_ms, .max_conns = 256};
+    start_server_with(&limits);
 }
 
 static void setup(void)
@@ -374,7 +381,7 @@ Test(rpc, slow_loris_is_cut_off)
 Test(rpc, idle_connection_is_closed)
 {
     ferry_rpc_server_stop(server);
-    start_server(100); /* idle limit: 10 x 100 ms */
+    start_server(100); /* idle limit: 1000 ms */
     int fd = raw_connect();
     cr_assert(raw_echo(fd, "one"));
     long closed_ms = wait_closed(fd, 3000);
@@ -504,28 +511,111 @@ Test(rpc, many_concurrent_connections)
     cr_assert_eq(good, CLIENT_THREADS * (CONNS_PER_THREAD + 10));
 }
 
-Test(rpc, connections_beyond_the_limit_are_refused)
+/* A connection to the test server from a given loopback address. */
+static int connect_from(const char *source)
 {
-    enum { LIMIT = 256 };
-    int fds[LIMIT];
-    for (int i = 0; i < LIMIT; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(atoi(strchr(endpoint,
+                                                                                  ':') + 1))};
+    inet_pton(AF_INET, source, &from.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0, "bind %s", source);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+    ferry_net_set_timeout(fd, 3000);
+    return fd;
+}
+
+/* The server has closed fd (EOF or reset waiting), without blocking. */
+static int is_closed(int fd)
+{
+    char byte;
+    ssize_t got = recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* How many of fds[0..n) the server has not closed. */
+static int count_open(const int *fds, int n)
+{
+    int open = 0;
+    for (int i = 0; i < n; i++)
+        open += !is_closed(fds[i]);
+    return open;
+}
+
+Test(rpc, idle_connections_past_the_cap_evict_the_oldest)
+{
+    enum { LIMIT = 256, FLOOD = 300 };
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++) {
         fds[i] = raw_connect();
         cr_assert(raw_echo(fds[i], "held"), "connection %d", i);
     }
-    int extra = raw_connect();
-    cr_assert_geq(wait_closed(extra, 1000), 0, "connection 257 was not refused");
-    close(extra);
-    /* A slot freed is a slot a new client gets (once the server saw the close). */
-    close(fds[0]);
-    int served = 0;
-    for (int attempt = 0; attempt < 20 && !served; attempt++) {
-        usleep(20 * 1000);
-        int fd = raw_connect();
-        served = raw_echo(fd, "again");
-        close(fd);
+    /* Another client is served at once, by evicting the connection idle longest. */
+    assert_call_echoes("still served");
+    int open = -1;
+    for (int attempt = 0; attempt < 100 && open != LIMIT - 1; attempt++) {
+        usleep(10 * 1000);
+        open = count_open(fds, FLOOD);
     }
-    cr_assert(served);
-    for (int i = 1; i < LIMIT; i++)
+    cr_assert_eq(open, LIMIT - 1, "%d of the flood still open", open);
+    cr_assert(is_closed(fds[0]) && is_closed(fds[FLOOD - LIMIT]), "the oldest went first");
+    cr_assert(raw_echo(fds[FLOOD - 1], "newest"), "the newest idle connection still works");
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+}
+
+Test(rpc, busy_connections_are_not_evicted)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 1000,
+                                        .idle_timeout_ms = 10000, .max_conns = 8};
+    start_server_with(&limits);
+    int fds[8];
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 4);
+    for (int i = 0; i < 8; i++) {
+        fds[i] = raw_connect();
+        cr_assert_eq(ferry_net_send_all(fds[i], header, 5), FERRY_OK); /* half a header */
+    }
+    usleep(50 * 1000);
+    int extra = raw_connect();
+    cr_assert_geq(wait_closed(extra, 500), 0, "a ninth connection was let in");
+    close(extra);
+    cr_assert_eq(count_open(fds, 8), 8, "a connection inside a frame was evicted");
+    /* The header timeout frees them: then clients are served again. */
+    for (int i = 0; i < 8; i++)
+        cr_assert_geq(wait_closed(fds[i], 3000), 0, "half a header was kept past the timeout");
+    assert_call_echoes("served again");
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+}
+
+Test(rpc, a_flood_from_one_source_does_not_lock_out_another)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 5000,
+                                        .idle_timeout_ms = 50000, .max_conns = 256,
+                                        .max_conns_per_source = 64};
+    start_server_with(&limits);
+    enum { FLOOD = 300 };
+    static int fds[FLOOD];
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 4);
+    /* Connections that never finish their header cannot be evicted... */
+    for (int i = 0; i < FLOOD; i++) {
+        fds[i] = connect_from("127.0.0.2");
+        send(fds[i], header, 5, MSG_NOSIGNAL);
+    }
+    /* ...but they hold no more than their source's share. */
+    int open = -1;
+    for (int attempt = 0; attempt < 100 && open != 64; attempt++) {
+        usleep(10 * 1000);
+        open = count_open(fds, FLOOD);
+    }
+    cr_assert_eq(open, 64, "%d connections of one source open", open);
+    assert_call_echoes("another source is served");
+    for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
 }
 

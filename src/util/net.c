@@ -248,3 +248,16 @@ void ferry_net_default_host(char *host, size_t len)
     }
     freeaddrinfo(res);
 }
+
+void ferry_net_source_of(const struct sockaddr *addr, ferry_net_source_t *source_p)
+{
+    /* IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d); other families as
+     * all zeros, one source (a listener here only accepts IPv4 and IPv6). */
+    memset(source_p, 0, sizeof(*source_p));
+    if (addr->sa_family == AF_INET6) {
+        memcpy(source_p->bytes, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
+    } else if (addr->sa_family == AF_INET) {
+        source_p->bytes[10] = source_p->bytes[11] = 0xff;
+        memcpy(source_p->bytes + 12, &((const struct sockaddr_in *)addr)->sin_addr, 4);
+    }
+}

@@ -78,6 +78,13 @@ struct msghdr;
 void ferry_net_iov_advance(struct msghdr *msg, size_t sent);
 /* Address of this host that peers should use when none was configured. */
 void ferry_net_default_host(char *host, size_t len);
+/* The host part of a peer's address, so listeners can count connections per
+ * source: an IPv4 address and its IPv4-mapped IPv6 form are one source. */
+typedef struct ferry_net_source {
+    uint8_t bytes[16];
+} ferry_net_source_t;
+struct sockaddr;
+void ferry_net_source_of(const struct sockaddr *addr, ferry_net_source_t *source_p);
 
 /* ---- handle.c: validated handles ---- */
 
