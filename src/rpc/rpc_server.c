@@ -72,8 +72,7 @@ struct ferry_rpc_server {
     struct pollfd *fds; /* 2 + limits.max_conns */
     size_t n_conns;
     uint64_t accept_paused_until_ms;
-    uint64_t refused_warned_ms;
-    unsigned long refused;
+    ferry_log_burst_t refused;
 };
 
 static void conn_close(ferry_rpc_server_t *server, size_t index)
@@ -99,13 +98,10 @@ static void format_peer(const struct sockaddr_storage *addr, socklen_t addrlen, 
 /* Full or out of descriptors: say so, but not once per connection attempt. */
 static void warn_refused(ferry_rpc_server_t *server, uint64_t now, const char *why)
 {
-    server->refused++;
-    if (server->refused_warned_ms != 0 && now - server->refused_warned_ms < RPC_WARN_INTERVAL_MS)
-        return;
-    ferry_warn("RPC server: refusing connections (%s); %lu refused since the last warning", why,
-               server->refused);
-    server->refused_warned_ms = now;
-    server->refused = 0;
+    unsigned long count = ferry_log_burst_due(&server->refused, now, RPC_WARN_INTERVAL_MS);
+    if (count != 0)
+        ferry_warn("RPC server: refusing connections (%s); %lu refused since the last warning",
+                   why, count);
 }
 
 static int conn_is_idle(const rpc_conn_t *conn)
@@ -136,13 +132,11 @@ static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *sourc
     size_t same = 0;
     for (size_t i = 0; i < server->n_conns; i++)
         same += memcmp(&server->conns[i]->source, source, sizeof(*source)) == 0;
-    const ferry_net_source_t *from;
-    if (same >= server->limits.max_conns_per_source)
-        from = source; /* a flood from one source evicts only its own */
-    else if (server->n_conns >= server->limits.max_conns)
-        from = NULL;
-    else
+    ferry_net_admit_t admit = ferry_net_admit(server->n_conns, same, server->limits.max_conns,
+                                              server->limits.max_conns_per_source);
+    if (admit == FERRY_NET_ADMIT)
         return 1;
+    const ferry_net_source_t *from = admit == FERRY_NET_EVICT_SAME_SOURCE ? source : NULL;
     ssize_t victim = oldest_idle(server, from);
     if (victim < 0) {
         warn_refused(server, now, from ? "too many connections from one source, none idle"

@@ -261,3 +261,11 @@ void ferry_net_source_of(const struct sockaddr *addr, ferry_net_source_t *source
         memcpy(source_p->bytes + 12, &((const struct sockaddr_in *)addr)->sin_addr, 4);
     }
 }
+
+ferry_net_admit_t ferry_net_admit(size_t open, size_t open_from_source, size_t max,
+                                  size_t max_per_source)
+{
+    if (open_from_source >= max_per_source)
+        return FERRY_NET_EVICT_SAME_SOURCE;
+    return open >= max ? FERRY_NET_EVICT_ANY : FERRY_NET_ADMIT;
+}
