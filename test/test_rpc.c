@@ -546,6 +546,11 @@ static int count_open(const int *fds, int n)
 Test(rpc, idle_connections_past_the_cap_evict_the_oldest)
 {
     enum { LIMIT = 256, FLOOD = 300 };
+    ferry_rpc_server_stop(server);
+    /* No idle timeout within the test's time, however slow the machine. */
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = TIMEOUT_MS,
+                                        .idle_timeout_ms = 600000, .max_conns = LIMIT};
+    start_server_with(&limits);
     int fds[FLOOD];
     for (int i = 0; i < FLOOD; i++) {
         fds[i] = raw_connect();
@@ -568,7 +573,7 @@ Test(rpc, idle_connections_past_the_cap_evict_the_oldest)
 Test(rpc, busy_connections_are_not_evicted)
 {
     ferry_rpc_server_stop(server);
-    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 1000,
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 3000,
                                         .idle_timeout_ms = 10000, .max_conns = 8};
     start_server_with(&limits);
     int fds[8];
@@ -585,7 +590,7 @@ Test(rpc, busy_connections_are_not_evicted)
     cr_assert_eq(count_open(fds, 8), 8, "a connection inside a frame was evicted");
     /* The header timeout frees them: then clients are served again. */
     for (int i = 0; i < 8; i++)
-        cr_assert_geq(wait_closed(fds[i], 3000), 0, "half a header was kept past the timeout");
+        cr_assert_geq(wait_closed(fds[i], 6000), 0, "half a header was kept past the timeout");
     assert_call_echoes("served again");
     for (int i = 0; i < 8; i++)
         close(fds[i]);
@@ -594,8 +599,8 @@ Test(rpc, busy_connections_are_not_evicted)
 Test(rpc, a_flood_from_one_source_does_not_lock_out_another)
 {
     ferry_rpc_server_stop(server);
-    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 5000,
-                                        .idle_timeout_ms = 50000, .max_conns = 256,
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 15000,
+                                        .idle_timeout_ms = 60000, .max_conns = 256,
                                         .max_conns_per_source = 64};
     start_server_with(&limits);
     enum { FLOOD = 300 };
@@ -608,12 +613,12 @@ Test(rpc, a_flood_from_one_source_does_not_lock_out_another)
         send(fds[i], header, 5, MSG_NOSIGNAL);
     }
     /* ...but they hold no more than their source's share. */
-    int open = -1;
-    for (int attempt = 0; attempt < 100 && open != 64; attempt++) {
+    int open = FLOOD;
+    for (int attempt = 0; attempt < 200 && open > 64; attempt++) {
         usleep(10 * 1000);
         open = count_open(fds, FLOOD);
     }
-    cr_assert_eq(open, 64, "%d connections of one source open", open);
+    cr_assert_leq(open, 64, "%d connections of one source open", open);
     assert_call_echoes("another source is served");
     for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
