@@ -23,8 +23,9 @@ static atomic_int wrong_thread;
 static pthread_t handler_thread;
 static atomic_int handler_thread_set;
 
-/* FETCH echoes ("missing" fails, "big" is too large to send back); PROBE answers
- * u64 + str; NOTIFY is acknowledged by default; INVALIDATE fails. */
+/* FETCH echoes ("missing" fails, "big" is too large to send back, "sleep"
+ * holds the server thread for 300 ms first); PROBE answers u64 + str; NOTIFY
+ * is acknowledged by default; INVALIDATE fails. */
 static ferry_status_t echo_handler(void *arg, int type, const void *payload, size_t length,
                                    int *reply_type_p, void **reply_p, size_t *reply_length_p)
 {
@@ -39,6 +40,8 @@ static ferry_status_t echo_handler(void *arg, int type, const void *payload, siz
         size_t reply_length = length;
         if (length == 3 && memcmp(payload, "big", 3) == 0)
             reply_length = MAX_FRAME + 1;
+        if (length == 5 && memcmp(payload, "sleep", 5) == 0)
+            usleep(300 * 1000);
         void *reply = calloc(1, reply_length + 1);
         memcpy(reply, payload, length);
         *reply_type_p = FERRY_RPC_FETCH_REPLY;
@@ -622,6 +625,77 @@ Test(rpc, a_flood_from_one_source_does_not_lock_out_another)
     assert_call_echoes("another source is served");
     for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
+}
+
+Test(rpc, a_request_waiting_to_be_read_is_not_evicted)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 2000,
+                                        .idle_timeout_ms = 60000, .max_conns = 1};
+    start_server_with(&limits);
+    /* While the server thread sleeps in the handler, b connects and sends its
+     * request and c connects: both wait to be accepted.  b then fills the one
+     * slot (evicting the sleeper's connection, idle once answered); c finds b
+     * not yet read, but with its request in: c is the one closed. */
+    int sleeper = raw_connect();
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 5);
+    struct iovec iov[2] = {{header, sizeof(header)}, {"sleep", 5}};
+    cr_assert_eq(ferry_net_sendv_all(sleeper, iov, 2), FERRY_OK);
+    usleep(100 * 1000);
+    int b = raw_connect();
+    pack(header, FERRY_RPC_FETCH, 1);
+    iov[1] = (struct iovec){"b", 1};
+    cr_assert_eq(ferry_net_sendv_all(b, iov, 2), FERRY_OK);
+    int c = raw_connect();
+    ferry_rpc_header_t h;
+    char *reply = raw_reply(b, &h);
+    cr_assert_not_null(reply, "a request waiting to be read was evicted");
+    cr_assert_str_eq(reply, "b");
+    free(reply);
+    cr_assert_geq(wait_closed(c, 2000), 0);
+    close(sleeper);
+    close(b);
+    close(c);
+}
+
+/* Closes its first connection unread, answers a FETCH on the second. */
+static void *evicting_server_main(void *arg)
+{
+    int listen_fd = *(int *)arg;
+    int first = accept(listen_fd, NULL, NULL);
+    close(first);
+    int fd = accept(listen_fd, NULL, NULL);
+    ferry_net_set_timeout(fd, 3000);
+    uint8_t bytes[FERRY_RPC_HEADER_SIZE];
+    ferry_rpc_header_t h;
+    char payload[64];
+    if (ferry_net_recv_all(fd, bytes, sizeof(bytes)) == FERRY_OK &&
+        ferry_rpc_header_unpack(bytes, sizeof(payload), &h) == FERRY_OK &&
+        ferry_net_recv_all(fd, payload, h.length) == FERRY_OK) {
+        pack(bytes, FERRY_RPC_FETCH_REPLY, h.length);
+        struct iovec iov[2] = {{bytes, sizeof(bytes)}, {payload, h.length}};
+        ferry_net_sendv_all(fd, iov, 2);
+    }
+    close(fd);
+    return NULL;
+}
+
+Test(rpc, a_call_closed_before_its_reply_is_sent_again)
+{
+    int listen_fd, port;
+    cr_assert_eq(ferry_net_listen("127.0.0.1", 0, 4, &listen_fd, &port), FERRY_OK);
+    pthread_t thread;
+    pthread_create(&thread, NULL, evicting_server_main, &listen_fd);
+    char evicting[64];
+    snprintf(evicting, sizeof(evicting), "127.0.0.1:%d", port);
+    void *reply = NULL;
+    cr_assert_eq(ferry_rpc_call(evicting, FERRY_RPC_FETCH, "again", 5, 2000, MAX_FRAME, &reply,
+                                NULL), FERRY_OK);
+    cr_assert_str_eq(reply, "again");
+    free(reply);
+    pthread_join(thread, NULL);
+    close(listen_fd);
 }
 
 Test(rpc, stop_with_open_connections)

@@ -71,7 +71,8 @@ ferry_status_t ferry_rpc_server_start(const char *host, int port,
 void ferry_rpc_server_stop(ferry_rpc_server_t *server);
 
 /* Connect, send one request, read one reply, close.  Every step bounded by
- * timeout_ms (0: no limit).  A reply whose header status is an error returns
+ * timeout_ms (0: no limit).  A connection closed before a byte of the reply
+ * (the server evicted it unread) is tried once more.  A reply whose header status is an error returns
  * that status; the reply type must be the request type + 1.  *reply_p gets
  * one extra NUL byte past *reply_length_p so text replies are C strings. */
 ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payload,

@@ -40,6 +40,11 @@
 #define RPC_READS_PER_EVENT 64
 #define RPC_WARN_INTERVAL_MS 10000
 #define RPC_ACCEPT_PAUSE_MS 100
+/* Accepts per wake-up: the requests of a burst of clients are read between
+ * rounds, so they are inside a frame, not idle, when the caps are reached. */
+#define RPC_ACCEPTS_PER_EVENT 16
+/* Idle-looking connections found with a request in, before giving up. */
+#define RPC_EVICT_TRIES 8
 
 typedef struct rpc_conn {
     int fd;
@@ -137,7 +142,15 @@ static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *sourc
     if (admit == FERRY_NET_ADMIT)
         return 1;
     const ferry_net_source_t *from = admit == FERRY_NET_EVICT_SAME_SOURCE ? source : NULL;
-    ssize_t victim = oldest_idle(server, from);
+    ssize_t victim = -1;
+    for (int attempt = 0; attempt < RPC_EVICT_TRIES && victim < 0; attempt++) {
+        victim = oldest_idle(server, from);
+        if (victim >= 0 && ferry_net_has_input(server->conns[victim]->fd)) {
+            /* Its request came in since the last poll: busy in all but name. */
+            server->conns[victim]->active_ms = now;
+            victim = -1;
+        }
+    }
     if (victim < 0) {
         warn_refused(server, now, from ? "too many connections from one source, none idle"
                                        : "all connections busy");
@@ -157,7 +170,7 @@ static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *sourc
 
 static void accept_all(ferry_rpc_server_t *server, uint64_t now)
 {
-    for (;;) {
+    for (int accepted = 0; accepted < RPC_ACCEPTS_PER_EVENT; accepted++) {
         struct sockaddr_storage addr;
         socklen_t addrlen = sizeof(addr);
         int fd = accept4(server->listen_fd, (struct sockaddr *)&addr, &addrlen,

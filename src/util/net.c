@@ -269,3 +269,13 @@ ferry_net_admit_t ferry_net_admit(size_t open, size_t open_from_source, size_t m
         return FERRY_NET_EVICT_SAME_SOURCE;
     return open >= max ? FERRY_NET_EVICT_ANY : FERRY_NET_ADMIT;
 }
+
+int ferry_net_has_input(int fd)
+{
+    char byte;
+    ssize_t got;
+    do {
+        got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    } while (got < 0 && errno == EINTR);
+    return got > 0;
+}

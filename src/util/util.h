@@ -107,6 +107,9 @@ typedef enum ferry_net_admit {
 } ferry_net_admit_t;
 ferry_net_admit_t ferry_net_admit(size_t open, size_t open_from_source, size_t max,
                                   size_t max_per_source);
+/* Bytes (or an EOF) wait to be read on fd: a connection a listener took for
+ * idle has a request in, and must not be evicted. */
+int ferry_net_has_input(int fd);
 
 /* ---- handle.c: validated handles ---- */
 

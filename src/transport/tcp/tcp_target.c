@@ -411,6 +411,12 @@ static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source,
         if (pp == NULL)
             break;
         ferry_tcp_target_conn_t *conn = *pp;
+        if (ferry_net_has_input(conn->fd)) {
+            /* A request (or HELLO) is in, its thread not yet awake: busy in
+             * all but name, so last in the eviction order. */
+            atomic_store(&conn->idle_ms, ferry_time_ms());
+            continue;
+        }
         int state = atomic_load(&conn->state);
         if (is_evictable(state) &&
             atomic_compare_exchange_strong(&conn->state, &state, FERRY_TCP_TARGET_EVICTED)) {
