@@ -3,16 +3,19 @@
 #include <ferry/ferry.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../src/transport/tcp/tcp.h"
+#include "capture_stderr.h"
 #include "peer_process.h"
 #include "test_pattern.h"
 
@@ -181,7 +184,8 @@ Test(faults, dead_owner_gives_a_clear_error)
 
 /* ---- a hostile initiator speaking the TCP transport's wire format ---- */
 
-static int connect_to(const char *hostport)
+/* source: a local IPv4 address to connect from (NULL: the kernel's choice). */
+static int connect_from(const char *source, const char *hostport)
 {
     char host[64];
     const char *colon = strrchr(hostport, ':');
@@ -189,10 +193,21 @@ static int connect_to(const char *hostport)
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
     inet_pton(AF_INET, host, &sin.sin_addr);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    if (source != NULL) {
+        struct sockaddr_in from = {.sin_family = AF_INET};
+        inet_pton(AF_INET, source, &from.sin_addr);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0, "bind %s", source);
+    }
     cr_assert_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
+}
+
+static int connect_to(const char *hostport)
+{
+    return connect_from(NULL, hostport);
 }
 
 static int recv_exact(int fd, void *buf, size_t len)
@@ -238,24 +253,39 @@ static int closed_by_peer(int fd)
     return recv(fd, &c, 1, 0) <= 0;
 }
 
+/* The peer closed fd (EOF or reset), without waiting. */
+static int closed_already(int fd)
+{
+    char c;
+    ssize_t got = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* The tcp transport's endpoint and the generation in an open segment's descriptor. */
+static uint64_t tcp_endpoint(ferry_segment_h segment, char *endpoint, size_t len)
+{
+    char *json;
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    const char *tcp = strstr(json, "\"tcp\":\"");
+    cr_assert_not_null(tcp);
+    snprintf(endpoint, len, "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
+    uint64_t generation = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
+    free(json);
+    return generation;
+}
+
 Test(faults, hostile_frames_touch_nothing_and_leave_the_target_serving)
 {
     peer_process_t peer;
     ferry_segment_h segment;
-    char *json;
     cr_assert_eq(peer_start(&peer, NULL), 0);
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 4", MIB, MIB), "OK");
     char before[64];
     snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, MIB));
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
     char endpoint[64];
-    const char *tcp = strstr(json, "\"tcp\":\"");
-    cr_assert_not_null(tcp);
-    snprintf(endpoint, sizeof(endpoint), "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
-    uint64_t generation = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
-    free(json);
+    uint64_t generation = tcp_endpoint(segment, endpoint, sizeof(endpoint));
 
     int fd = connect_to(endpoint);
     cr_assert_eq(hello(fd, generation ^ 1), FERRY_ERR_STALE, "wrong generation is refused");
@@ -322,5 +352,228 @@ Test(faults, garbage_to_the_rpc_listener_leaves_it_serving)
                  "the listener still answers");
     close(slow);
     ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(faults, idle_connections_do_not_lock_out_the_rpc_listener)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    /* More idle connections than the listener keeps, then half headers. */
+    enum { IDLE = 300, HALF = 20 };
+    static int fds[IDLE + HALF];
+    unsigned char header[16] = {'F', 'R', 'R', 'Y', 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < IDLE + HALF; i++) {
+        fds[i] = connect_to(peer.name);
+        if (i >= IDLE)
+            cr_assert_eq(send(fds[i], header, 7, MSG_NOSIGNAL), 7);
+    }
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK,
+                 "the listener still answers");
+    test_pattern_fill(local, MIB, 3);
+    cr_assert_eq(write_once(segment, peer.arena, MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 3", MIB), "OK");
+    for (int i = 0; i < IDLE + HALF; i++)
+        close(fds[i]);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/* ---- the tcp listener against idle and half-finished connections ---- */
+
+/* Room for n more descriptors in this process; skips the test where the
+ * hard limit does not allow it. */
+static void allow_descriptors(rlim_t n)
+{
+    struct rlimit limit;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    if (limit.rlim_cur >= n)
+        return;
+    if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < n)
+        cr_skip_test("RLIMIT_NOFILE hard limit %llu < %llu", (unsigned long long)limit.rlim_max,
+                     (unsigned long long)n);
+    limit.rlim_cur = n;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &limit), 0);
+}
+
+/* A peer engine started with env and a registered megabyte, its segment
+ * open here; fills its tcp endpoint and returns its generation. */
+static uint64_t start_target(peer_process_t *peer, const char *const *env,
+                             ferry_segment_h *segment_p, char *endpoint, size_t len)
+{
+    cr_assert_eq(peer_start(peer, env), 0);
+    cr_assert_str_eq(peer_cmd(peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer->name, segment_p), FERRY_OK);
+    return tcp_endpoint(*segment_p, endpoint, len);
+}
+
+Test(faults, idle_tcp_connections_do_not_lock_out_an_initiator)
+{
+    enum { FLOOD = 1100, MAX_CONNS = 48, PER_SOURCE = 24 };
+    static const char *const sources[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3"};
+    allow_descriptors(FLOOD + 256);
+    const char *env[] = {"FERRY_TCP_MAX_CONNS=48", "FERRY_TCP_MAX_CONNS_PER_SOURCE=24", NULL};
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char endpoint[64];
+    uint64_t generation = start_target(&peer, env, &segment, endpoint, sizeof(endpoint));
+
+    /* More connections than the old fixed cap (1,024), each past its HELLO
+     * and then idle, from three addresses, one of them the initiator's. */
+    static int fds[FLOOD];
+    int greeted = 0;
+    for (int i = 0; i < FLOOD; i++) {
+        fds[i] = connect_from(sources[i % 3], endpoint);
+        greeted += hello(fds[i], generation) == 0;
+    }
+    cr_assert_gt(greeted, MAX_CONNS);
+    test_pattern_fill(local, MIB, 9);
+    cr_assert_eq(write_once(segment, peer.arena, MIB), FERRY_OK, "the initiator is locked out");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 9", MIB), "OK");
+
+    /* The flood holds no more than the caps: each newcomer evicted the oldest. */
+    int open = FLOOD, open_per_source[3];
+    for (int attempt = 0; attempt < 200 && open > MAX_CONNS - 2; attempt++) {
+        usleep(10 * 1000);
+        open = 0;
+        memset(open_per_source, 0, sizeof(open_per_source));
+        for (int i = 0; i < FLOOD; i++) {
+            int still = !closed_already(fds[i]);
+            open += still;
+            open_per_source[i % 3] += still;
+        }
+    }
+    cr_assert_leq(open, MAX_CONNS - 2, "%d of the flood still open", open); /* 2: ours */
+    for (int s = 0; s < 3; s++)
+        cr_assert_leq(open_per_source[s], PER_SOURCE, "%d open from %s", open_per_source[s],
+                      sources[s]);
+    cr_assert(!closed_already(fds[FLOOD - 1]), "the newest connection was evicted");
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/* Milliseconds until the peer closed fd, -1 if not within max_ms; the
+ * request header in trickle (if any) goes out a byte every 100 ms meanwhile. */
+static long ms_until_closed(int fd, int max_ms, const unsigned char *trickle, size_t trickle_len)
+{
+    uint64_t start = ferry_time_ms();
+    size_t sent = 0;
+    while (ferry_time_ms() - start < (uint64_t)max_ms) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) == 1 && closed_already(fd))
+            return (long)(ferry_time_ms() - start);
+        if (trickle != NULL && sent < trickle_len)
+            cr_assert_eq(send(fd, trickle + sent++, 1, MSG_NOSIGNAL), 1);
+    }
+    return -1;
+}
+
+Test(faults, tcp_listener_closes_idle_connections_and_trickled_headers)
+{
+    const char *env[] = {"FERRY_TCP_IDLE_TIMEOUT=1000", "FERRY_TCP_TIMEOUT=1000", NULL};
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char endpoint[64];
+    uint64_t generation = start_target(&peer, env, &segment, endpoint, sizeof(endpoint));
+
+    int idle = connect_to(endpoint);
+    cr_assert_eq(hello(idle, generation), 0);
+    long closed = ms_until_closed(idle, 5000, NULL, 0);
+    cr_assert(closed >= 800 && closed <= 4000, "idle connection closed after %ld ms", closed);
+    close(idle);
+
+    /* A byte every 100 ms would keep a per-call socket timeout happy for 3 s. */
+    int slow = connect_to(endpoint);
+    cr_assert_eq(hello(slow, generation), 0);
+    unsigned char header[FERRY_TCP_REQUEST_SIZE - 1] = {FERRY_TCP_OP_READ};
+    closed = ms_until_closed(slow, 5000, header, sizeof(header));
+    cr_assert(closed >= 800 && closed <= 2500, "trickled header closed after %ld ms", closed);
+    close(slow);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+struct idle_writes {
+    ferry_segment_h segment;
+    uintptr_t arena;
+    int tcp_port;
+    int failed;
+    int reused; /* connections kept past half the target's idle timeout */
+};
+
+/* Local ports of this network namespace's established connections to
+ * port: this process's, as no other connects there.  Returns how many. */
+static int ports_connected_to(int port, int *ports, int max)
+{
+    FILE *file = fopen("/proc/self/net/tcp", "r");
+    cr_assert_not_null(file);
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof(line), file) != NULL) {
+        unsigned local_port, remote_port, state;
+        if (sscanf(line, " %*d: %*8s:%x %*8s:%x %x", &local_port, &remote_port, &state) == 3 &&
+            (int)remote_port == port && state == 1 && n < max)
+            ports[n++] = (int)local_port;
+    }
+    fclose(file);
+    return n;
+}
+
+/* A write, a pause past half the target's idle timeout (but short of it),
+ * another write: on new connections.  Then back-to-back writes over 2.5 s
+ * (one connection busy, the other idle past the target's idle timeout), a
+ * pause past it and one more write. */
+static void write_around_idle_closes(void *arg)
+{
+    struct idle_writes *w = arg;
+    int before[8], after[8];
+    w->failed += write_once(w->segment, w->arena, 4096) != FERRY_OK;
+    int n_before = ports_connected_to(w->tcp_port, before, 8);
+    usleep(700 * 1000);
+    w->failed += write_once(w->segment, w->arena, 4096) != FERRY_OK;
+    int n_after = ports_connected_to(w->tcp_port, after, 8);
+    for (int i = 0; i < n_before; i++)
+        for (int j = 0; j < n_after; j++)
+            w->reused += before[i] == after[j];
+    double start = now();
+    while (now() - start < 2.5)
+        w->failed += write_once(w->segment, w->arena, 4096) != FERRY_OK;
+    usleep(2000 * 1000); /* the target closes every connection meanwhile */
+    w->failed += write_once(w->segment, w->arena, MIB) != FERRY_OK;
+}
+
+/* The log level is read once per process, at the first engine's creation. */
+static void setup_info_log(void)
+{
+    setenv("FERRY_LOG_LEVEL", "info", 1);
+    setup();
+}
+
+TestSuite(faults_logged, .init = setup_info_log, .fini = teardown, .timeout = 120);
+
+Test(faults_logged, initiator_reconnects_when_the_target_closes_idle_connections)
+{
+    const char *env[] = {"FERRY_TCP_IDLE_TIMEOUT=1000", "FERRY_LOG_LEVEL=warn", NULL};
+    peer_process_t peer;
+    struct idle_writes w = {0};
+    char endpoint[64];
+    start_target(&peer, env, &w.segment, endpoint, sizeof(endpoint));
+    w.arena = peer.arena;
+    w.tcp_port = atoi(strrchr(endpoint, ':') + 1);
+    test_pattern_fill(local, MIB, 5);
+    char *log = capture_stderr(write_around_idle_closes, &w);
+    cr_assert_not_null(log);
+    cr_assert_eq(w.failed, 0, "%d writes failed:\n%s", w.failed, log);
+    /* A request could meet the target's close on the wire: not past half of it. */
+    cr_assert_eq(w.reused, 0, "a connection idle for 700 ms of the target's 1000 was reused");
+    /* Transparent: no peer failure, so no refresh of the descriptor either. */
+    cr_assert_null(strstr(log, "retrying"), "%s", log);
+    free(log);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 5", MIB), "OK");
+    ferry_segment_close(engine, w.segment);
     peer_stop(&peer);
 }

@@ -23,8 +23,9 @@ static atomic_int wrong_thread;
 static pthread_t handler_thread;
 static atomic_int handler_thread_set;
 
-/* FETCH echoes ("missing" fails, "big" is too large to send back); PROBE answers
- * u64 + str; NOTIFY is acknowledged by default; INVALIDATE fails. */
+/* FETCH echoes ("missing" fails, "big" is too large to send back, "sleep"
+ * holds the server thread for 300 ms first); PROBE answers u64 + str; NOTIFY
+ * is acknowledged by default; INVALIDATE fails. */
 static ferry_status_t echo_handler(void *arg, int type, const void *payload, size_t length,
                                    int *reply_type_p, void **reply_p, size_t *reply_length_p)
 {
@@ -39,6 +40,8 @@ static ferry_status_t echo_handler(void *arg, int type, const void *payload, siz
         size_t reply_length = length;
         if (length == 3 && memcmp(payload, "big", 3) == 0)
             reply_length = MAX_FRAME + 1;
+        if (length == 5 && memcmp(payload, "sleep", 5) == 0)
+            usleep(300 * 1000);
         void *reply = calloc(1, reply_length + 1);
         memcpy(reply, payload, length);
         *reply_type_p = FERRY_RPC_FETCH_REPLY;
@@ -60,13 +63,20 @@ static ferry_status_t echo_handler(void *arg, int type, const void *payload, siz
     return FERRY_ERR_UNSUPPORTED;
 }
 
-static void start_server(unsigned timeout_ms)
+static void start_server_with(const ferry_rpc_server_limits_t *limits)
 {
     int port;
-    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, MAX_FRAME, timeout_ms, echo_handler,
-                                        NULL, &server, &port), FERRY_OK);
+    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, limits, echo_handler, NULL, &server,
+                                        &port), FERRY_OK);
     cr_assert_gt(port, 0);
     snprintf(endpoint, sizeof(endpoint), "127.0.0.1:%d", port);
+}
+
+static void start_server(unsigned timeout_ms)
+{
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = timeout_ms,
+                                        .idle_timeout_ms = 10 * timeout_ms, .max_conns = 256};
+    start_server_with(&limits);
 }
 
 static void setup(void)
@@ -374,7 +384,7 @@ Test(rpc, slow_loris_is_cut_off)
 Test(rpc, idle_connection_is_closed)
 {
     ferry_rpc_server_stop(server);
-    start_server(100); /* idle limit: 10 x 100 ms */
+    start_server(100); /* idle limit: 1000 ms */
     int fd = raw_connect();
     cr_assert(raw_echo(fd, "one"));
     long closed_ms = wait_closed(fd, 3000);
@@ -504,29 +514,188 @@ Test(rpc, many_concurrent_connections)
     cr_assert_eq(good, CLIENT_THREADS * (CONNS_PER_THREAD + 10));
 }
 
-Test(rpc, connections_beyond_the_limit_are_refused)
+/* A connection to the test server from a given loopback address. */
+static int connect_from(const char *source)
 {
-    enum { LIMIT = 256 };
-    int fds[LIMIT];
-    for (int i = 0; i < LIMIT; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(atoi(strchr(endpoint,
+                                                                                  ':') + 1))};
+    inet_pton(AF_INET, source, &from.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0, "bind %s", source);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+    ferry_net_set_timeout(fd, 3000);
+    return fd;
+}
+
+/* The server has closed fd (EOF or reset waiting), without blocking. */
+static int is_closed(int fd)
+{
+    char byte;
+    ssize_t got = recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* How many of fds[0..n) the server has not closed. */
+static int count_open(const int *fds, int n)
+{
+    int open = 0;
+    for (int i = 0; i < n; i++)
+        open += !is_closed(fds[i]);
+    return open;
+}
+
+Test(rpc, idle_connections_past_the_cap_evict_the_oldest)
+{
+    enum { LIMIT = 256, FLOOD = 300 };
+    ferry_rpc_server_stop(server);
+    /* No idle timeout within the test's time, however slow the machine. */
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = TIMEOUT_MS,
+                                        .idle_timeout_ms = 600000, .max_conns = LIMIT};
+    start_server_with(&limits);
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++) {
         fds[i] = raw_connect();
         cr_assert(raw_echo(fds[i], "held"), "connection %d", i);
     }
-    int extra = raw_connect();
-    cr_assert_geq(wait_closed(extra, 1000), 0, "connection 257 was not refused");
-    close(extra);
-    /* A slot freed is a slot a new client gets (once the server saw the close). */
-    close(fds[0]);
-    int served = 0;
-    for (int attempt = 0; attempt < 20 && !served; attempt++) {
-        usleep(20 * 1000);
-        int fd = raw_connect();
-        served = raw_echo(fd, "again");
-        close(fd);
+    /* Another client is served at once, by evicting the connection idle longest. */
+    assert_call_echoes("still served");
+    int open = -1;
+    for (int attempt = 0; attempt < 100 && open != LIMIT - 1; attempt++) {
+        usleep(10 * 1000);
+        open = count_open(fds, FLOOD);
     }
-    cr_assert(served);
-    for (int i = 1; i < LIMIT; i++)
+    cr_assert_eq(open, LIMIT - 1, "%d of the flood still open", open);
+    cr_assert(is_closed(fds[0]) && is_closed(fds[FLOOD - LIMIT]), "the oldest went first");
+    cr_assert(raw_echo(fds[FLOOD - 1], "newest"), "the newest idle connection still works");
+    for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
+}
+
+Test(rpc, busy_connections_are_not_evicted)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 3000,
+                                        .idle_timeout_ms = 10000, .max_conns = 8};
+    start_server_with(&limits);
+    int fds[8];
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 4);
+    for (int i = 0; i < 8; i++) {
+        fds[i] = raw_connect();
+        cr_assert_eq(ferry_net_send_all(fds[i], header, 5), FERRY_OK); /* half a header */
+    }
+    usleep(50 * 1000);
+    int extra = raw_connect();
+    cr_assert_geq(wait_closed(extra, 500), 0, "a ninth connection was let in");
+    close(extra);
+    cr_assert_eq(count_open(fds, 8), 8, "a connection inside a frame was evicted");
+    /* The header timeout frees them: then clients are served again. */
+    for (int i = 0; i < 8; i++)
+        cr_assert_geq(wait_closed(fds[i], 6000), 0, "half a header was kept past the timeout");
+    assert_call_echoes("served again");
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+}
+
+Test(rpc, a_flood_from_one_source_does_not_lock_out_another)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 15000,
+                                        .idle_timeout_ms = 60000, .max_conns = 256,
+                                        .max_conns_per_source = 64};
+    start_server_with(&limits);
+    enum { FLOOD = 300 };
+    static int fds[FLOOD];
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 4);
+    /* Connections that never finish their header cannot be evicted... */
+    for (int i = 0; i < FLOOD; i++) {
+        fds[i] = connect_from("127.0.0.2");
+        send(fds[i], header, 5, MSG_NOSIGNAL);
+    }
+    /* ...but they hold no more than their source's share. */
+    int open = FLOOD;
+    for (int attempt = 0; attempt < 200 && open > 64; attempt++) {
+        usleep(10 * 1000);
+        open = count_open(fds, FLOOD);
+    }
+    cr_assert_leq(open, 64, "%d connections of one source open", open);
+    assert_call_echoes("another source is served");
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+}
+
+Test(rpc, a_request_waiting_to_be_read_is_not_evicted)
+{
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 2000,
+                                        .idle_timeout_ms = 60000, .max_conns = 1};
+    start_server_with(&limits);
+    /* While the server thread sleeps in the handler, b connects and sends its
+     * request and c connects: both wait to be accepted.  b then fills the one
+     * slot (evicting the sleeper's connection, idle once answered); c finds b
+     * not yet read, but with its request in: c is the one closed. */
+    int sleeper = raw_connect();
+    uint8_t header[FERRY_RPC_HEADER_SIZE];
+    pack(header, FERRY_RPC_FETCH, 5);
+    struct iovec iov[2] = {{header, sizeof(header)}, {"sleep", 5}};
+    cr_assert_eq(ferry_net_sendv_all(sleeper, iov, 2), FERRY_OK);
+    usleep(100 * 1000);
+    int b = raw_connect();
+    pack(header, FERRY_RPC_FETCH, 1);
+    iov[1] = (struct iovec){"b", 1};
+    cr_assert_eq(ferry_net_sendv_all(b, iov, 2), FERRY_OK);
+    int c = raw_connect();
+    ferry_rpc_header_t h;
+    char *reply = raw_reply(b, &h);
+    cr_assert_not_null(reply, "a request waiting to be read was evicted");
+    cr_assert_str_eq(reply, "b");
+    free(reply);
+    cr_assert_geq(wait_closed(c, 2000), 0);
+    close(sleeper);
+    close(b);
+    close(c);
+}
+
+/* Closes its first connection unread, answers a FETCH on the second. */
+static void *evicting_server_main(void *arg)
+{
+    int listen_fd = *(int *)arg;
+    int first = accept(listen_fd, NULL, NULL);
+    close(first);
+    int fd = accept(listen_fd, NULL, NULL);
+    ferry_net_set_timeout(fd, 3000);
+    uint8_t bytes[FERRY_RPC_HEADER_SIZE];
+    ferry_rpc_header_t h;
+    char payload[64];
+    if (ferry_net_recv_all(fd, bytes, sizeof(bytes)) == FERRY_OK &&
+        ferry_rpc_header_unpack(bytes, sizeof(payload), &h) == FERRY_OK &&
+        ferry_net_recv_all(fd, payload, h.length) == FERRY_OK) {
+        pack(bytes, FERRY_RPC_FETCH_REPLY, h.length);
+        struct iovec iov[2] = {{bytes, sizeof(bytes)}, {payload, h.length}};
+        ferry_net_sendv_all(fd, iov, 2);
+    }
+    close(fd);
+    return NULL;
+}
+
+Test(rpc, a_call_closed_before_its_reply_is_sent_again)
+{
+    int listen_fd, port;
+    cr_assert_eq(ferry_net_listen("127.0.0.1", 0, 4, &listen_fd, &port), FERRY_OK);
+    pthread_t thread;
+    pthread_create(&thread, NULL, evicting_server_main, &listen_fd);
+    char evicting[64];
+    snprintf(evicting, sizeof(evicting), "127.0.0.1:%d", port);
+    void *reply = NULL;
+    cr_assert_eq(ferry_rpc_call(evicting, FERRY_RPC_FETCH, "again", 5, 2000, MAX_FRAME, &reply,
+                                NULL), FERRY_OK);
+    cr_assert_str_eq(reply, "again");
+    free(reply);
+    pthread_join(thread, NULL);
+    close(listen_fd);
 }
 
 Test(rpc, stop_with_open_connections)

@@ -42,8 +42,10 @@ static ferry_engine_h engine;
 static void setup(void)
 {
     int port;
-    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, 1 << 20, 2000, owner_handler, NULL,
-                                        &owner, &port), FERRY_OK);
+    ferry_rpc_server_limits_t limits = {.max_frame = 1 << 20, .timeout_ms = 2000,
+                                        .idle_timeout_ms = 20000, .max_conns = 256};
+    cr_assert_eq(ferry_rpc_server_start("127.0.0.1", 0, &limits, owner_handler, NULL, &owner,
+                                        &port), FERRY_OK);
     snprintf(owner_rpc, sizeof(owner_rpc), "127.0.0.1:%d", port);
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
 }

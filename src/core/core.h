@@ -267,6 +267,9 @@ typedef struct ferry_engine_settings {
     char *host_id;
     unsigned rpc_timeout_ms;
     size_t rpc_max_frame;
+    unsigned rpc_idle_timeout_ms;
+    unsigned rpc_max_conns;
+    unsigned rpc_max_conns_per_source;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
     unsigned subscribers_max;

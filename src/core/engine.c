@@ -34,6 +34,14 @@ static const ferry_setting_t engine_settings[] = {
             "reply)", rpc_timeout_ms, FERRY_SETTING_TIME_MS),
     SETTING("RPC_MAX_FRAME", "64m", "largest RPC frame accepted", rpc_max_frame,
             FERRY_SETTING_SIZE),
+    SETTING("RPC_IDLE_TIMEOUT", "20s", "the RPC listener closes a connection that sends no "
+            "request this long (0: never)", rpc_idle_timeout_ms, FERRY_SETTING_TIME_MS),
+    SETTING("RPC_MAX_CONNS", "256", "connections the RPC listener keeps open; past it a new one "
+            "evicts the one idle longest, or is closed when none is idle", rpc_max_conns,
+            FERRY_SETTING_UINT),
+    SETTING("RPC_MAX_CONNS_PER_SOURCE", "64", "connections the RPC listener keeps from one "
+            "address; past it a new one evicts that address's connection idle longest",
+            rpc_max_conns_per_source, FERRY_SETTING_UINT),
     SETTING("INVALIDATE_TIMEOUT", "1000ms", "how long unregister waits for its subscribers to "
             "acknowledge an invalidation (all are told at once; one that does not answer in "
             "time is dropped from the list)", invalidate_timeout_ms, FERRY_SETTING_TIME_MS),
@@ -131,9 +139,18 @@ static ferry_status_t start_rpc(ferry_engine_t *engine)
         ferry_net_default_host(engine->advertise_host, sizeof(engine->advertise_host));
     else
         snprintf(engine->advertise_host, sizeof(engine->advertise_host), "%s", host);
-    ferry_status_t status = ferry_rpc_server_start(
-        host, port, engine->settings.rpc_max_frame, engine->settings.rpc_timeout_ms,
-        ferry_engine_rpc_handle, engine, &engine->rpc_server, &port);
+    const ferry_engine_settings_t *s = &engine->settings;
+    ferry_rpc_server_limits_t limits = {.max_frame = s->rpc_max_frame,
+                                        .timeout_ms = s->rpc_timeout_ms,
+                                        .idle_timeout_ms = s->rpc_idle_timeout_ms,
+                                        .max_conns = s->rpc_max_conns,
+                                        .max_conns_per_source = s->rpc_max_conns_per_source};
+    if (limits.max_conns == 0 || limits.max_conns > 65536) {
+        ferry_error("FERRY_RPC_MAX_CONNS=%u is not within 1..65536", limits.max_conns);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    ferry_status_t status = ferry_rpc_server_start(host, port, &limits, ferry_engine_rpc_handle,
+                                                   engine, &engine->rpc_server, &port);
     if (status != FERRY_OK)
         return status;
     const char *fmt = strchr(engine->advertise_host, ':') ? "[%s]:%d" : "%s:%d";

@@ -51,15 +51,28 @@ typedef ferry_status_t (*ferry_rpc_handler_fn)(void *arg, int type, const void *
 
 typedef struct ferry_rpc_server ferry_rpc_server_t;
 
-/* At most 256 connections; an idle one closes after 10 x timeout_ms, one
- * that stops reading its reply after timeout_ms.  timeout_ms 0: no limits. */
-ferry_status_t ferry_rpc_server_start(const char *host, int port, size_t max_frame,
-                                      unsigned timeout_ms, ferry_rpc_handler_fn handler,
-                                      void *arg, ferry_rpc_server_t **server_p, int *port_p);
+/* What one client may cost the server.  A connection is idle between
+ * frames with no reply queued; only idle ones are evicted.  A new
+ * connection beyond max_conns_per_source (same source address) or
+ * max_conns evicts the one idle longest (of that source, else of all);
+ * when none is idle, the new one is closed. */
+typedef struct ferry_rpc_server_limits {
+    size_t max_frame;
+    unsigned timeout_ms;      /* a frame completes, a reply moves, within it; 0: no limit */
+    unsigned idle_timeout_ms; /* an idle connection closes after it; 0: never */
+    unsigned max_conns;       /* at least 1 */
+    unsigned max_conns_per_source; /* 0: max_conns */
+} ferry_rpc_server_limits_t;
+
+ferry_status_t ferry_rpc_server_start(const char *host, int port,
+                                      const ferry_rpc_server_limits_t *limits,
+                                      ferry_rpc_handler_fn handler, void *arg,
+                                      ferry_rpc_server_t **server_p, int *port_p);
 void ferry_rpc_server_stop(ferry_rpc_server_t *server);
 
 /* Connect, send one request, read one reply, close.  Every step bounded by
- * timeout_ms (0: no limit).  A reply whose header status is an error returns
+ * timeout_ms (0: no limit).  A connection closed before a byte of the reply
+ * (the server evicted it unread) is tried once more.  A reply whose header status is an error returns
  * that status; the reply type must be the request type + 1.  *reply_p gets
  * one extra NUL byte past *reply_length_p so text replies are C strings. */
 ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payload,

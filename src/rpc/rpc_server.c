@@ -7,6 +7,12 @@
  * the payload, call the handler, queue the reply.  While a reply has not gone
  * out, the connection is not read, so a client that pipelines requests without
  * reading replies is held back by TCP instead of growing our memory.
+ *
+ * What clients can hold is bounded (limits in rpc.h): a frame must complete
+ * and a reply must move within the timeout, an idle connection closes after
+ * the idle timeout, and a new connection past the per-source or the global
+ * cap evicts the connection idle longest -- so a flood of idle connections
+ * costs the flooder its oldest ones, never another client its call.
  */
 #include "rpc.h"
 
@@ -25,7 +31,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define RPC_MAX_CONNS 256
 #define RPC_BACKLOG 1024
 /* A frame's first read allocates at most this much; the payload buffer then
  * grows with the bytes that really arrive, so a header that merely claims a
@@ -33,13 +38,18 @@
 #define RPC_PAYLOAD_CHUNK (64 * 1024)
 /* Reads per connection per wake-up, so one busy peer cannot starve others. */
 #define RPC_READS_PER_EVENT 64
-#define RPC_IDLE_FACTOR 10
 #define RPC_WARN_INTERVAL_MS 10000
 #define RPC_ACCEPT_PAUSE_MS 100
+/* Accepts per wake-up: the requests of a burst of clients are read between
+ * rounds, so they are inside a frame, not idle, when the caps are reached. */
+#define RPC_ACCEPTS_PER_EVENT 16
+/* Idle-looking connections found with a request in, before giving up. */
+#define RPC_EVICT_TRIES 8
 
 typedef struct rpc_conn {
     int fd;
     char peer[INET6_ADDRSTRLEN + 8];
+    ferry_net_source_t source;
     uint8_t header_bytes[FERRY_RPC_HEADER_SIZE];
     size_t header_got;
     ferry_rpc_header_t header; /* valid once header_got == FERRY_RPC_HEADER_SIZE */
@@ -59,16 +69,15 @@ struct ferry_rpc_server {
     int listen_fd;
     int wake_fd;
     pthread_t thread;
-    size_t max_frame;
-    unsigned timeout_ms;
+    ferry_rpc_server_limits_t limits;
     ferry_rpc_handler_fn handler;
     void *arg;
     /* Everything below belongs to the server thread alone. */
-    rpc_conn_t *conns[RPC_MAX_CONNS];
+    rpc_conn_t **conns; /* limits.max_conns of them */
+    struct pollfd *fds; /* 2 + limits.max_conns */
     size_t n_conns;
     uint64_t accept_paused_until_ms;
-    uint64_t refused_warned_ms;
-    unsigned long refused;
+    ferry_log_burst_t refused;
 };
 
 static void conn_close(ferry_rpc_server_t *server, size_t index)
@@ -94,18 +103,74 @@ static void format_peer(const struct sockaddr_storage *addr, socklen_t addrlen, 
 /* Full or out of descriptors: say so, but not once per connection attempt. */
 static void warn_refused(ferry_rpc_server_t *server, uint64_t now, const char *why)
 {
-    server->refused++;
-    if (server->refused_warned_ms != 0 && now - server->refused_warned_ms < RPC_WARN_INTERVAL_MS)
-        return;
-    ferry_warn("RPC server: refusing connections (%s); %lu refused since the last warning", why,
-               server->refused);
-    server->refused_warned_ms = now;
-    server->refused = 0;
+    unsigned long count = ferry_log_burst_due(&server->refused, now, RPC_WARN_INTERVAL_MS);
+    if (count != 0)
+        ferry_warn("RPC server: refusing connections (%s); %lu refused since the last warning",
+                   why, count);
+}
+
+static int conn_is_idle(const rpc_conn_t *conn)
+{
+    return conn->frame_start_ms == 0 && conn->out_length == 0;
+}
+
+/* The connection idle longest, among those from source (NULL: all); -1: none. */
+static ssize_t oldest_idle(const ferry_rpc_server_t *server, const ferry_net_source_t *source)
+{
+    ssize_t oldest = -1;
+    for (size_t i = 0; i < server->n_conns; i++) {
+        const rpc_conn_t *conn = server->conns[i];
+        if (!conn_is_idle(conn) ||
+            (source != NULL && memcmp(&conn->source, source, sizeof(*source)) != 0))
+            continue;
+        if (oldest < 0 || conn->active_ms < server->conns[oldest]->active_ms)
+            oldest = (ssize_t)i;
+    }
+    return oldest;
+}
+
+/* Make room for a connection from source.  Returns 0 when the caps are
+ * reached and no connection in the way is idle: the newcomer is refused. */
+static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *source,
+                     const char *peer, uint64_t now)
+{
+    size_t same = 0;
+    for (size_t i = 0; i < server->n_conns; i++)
+        same += memcmp(&server->conns[i]->source, source, sizeof(*source)) == 0;
+    ferry_net_admit_t admit = ferry_net_admit(server->n_conns, same, server->limits.max_conns,
+                                              server->limits.max_conns_per_source);
+    if (admit == FERRY_NET_ADMIT)
+        return 1;
+    const ferry_net_source_t *from = admit == FERRY_NET_EVICT_SAME_SOURCE ? source : NULL;
+    ssize_t victim = -1;
+    for (int attempt = 0; attempt < RPC_EVICT_TRIES && victim < 0; attempt++) {
+        victim = oldest_idle(server, from);
+        if (victim >= 0 && ferry_net_has_input(server->conns[victim]->fd)) {
+            /* Its request came in since the last poll: busy in all but name. */
+            server->conns[victim]->active_ms = now;
+            victim = -1;
+        }
+    }
+    if (victim < 0) {
+        warn_refused(server, now, from ? "too many connections from one source, none idle"
+                                       : "all connections busy");
+        return 0;
+    }
+    rpc_conn_t *conn = server->conns[victim];
+    ferry_debug("RPC server: closing the connection from %s, idle for %llu ms, for one from %s",
+                conn->peer, (unsigned long long)(now - conn->active_ms), peer);
+    conn_close(server, (size_t)victim);
+    /* Kept in accept order, so of two idle since the same millisecond the
+     * older goes first. */
+    memmove(&server->conns[victim], &server->conns[victim + 1],
+            (server->n_conns - (size_t)victim - 1) * sizeof(server->conns[0]));
+    server->n_conns--;
+    return 1;
 }
 
 static void accept_all(ferry_rpc_server_t *server, uint64_t now)
 {
-    for (;;) {
+    for (int accepted = 0; accepted < RPC_ACCEPTS_PER_EVENT; accepted++) {
         struct sockaddr_storage addr;
         socklen_t addrlen = sizeof(addr);
         int fd = accept4(server->listen_fd, (struct sockaddr *)&addr, &addrlen,
@@ -121,9 +186,12 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
             server->accept_paused_until_ms = now + RPC_ACCEPT_PAUSE_MS;
             return;
         }
-        if (server->n_conns == RPC_MAX_CONNS) {
+        ferry_net_source_t source;
+        char peer[sizeof(((rpc_conn_t *)NULL)->peer)];
+        ferry_net_source_of((const struct sockaddr *)&addr, &source);
+        format_peer(&addr, addrlen, peer, sizeof(peer));
+        if (!make_room(server, &source, peer, now)) {
             close(fd);
-            warn_refused(server, now, "256 connections open");
             continue;
         }
         rpc_conn_t *conn = calloc(1, sizeof(*conn));
@@ -138,7 +206,8 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         conn->fd = fd;
         conn->active_ms = now;
-        format_peer(&addr, addrlen, conn->peer, sizeof(conn->peer));
+        conn->source = source;
+        memcpy(conn->peer, peer, sizeof(peer));
         server->conns[server->n_conns++] = conn;
         ferry_trace("RPC connection from %s", conn->peer);
     }
@@ -241,9 +310,9 @@ static int conn_dispatch(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t 
         status = FERRY_ERR_PROTOCOL;
     }
     /* The peer would drop a reply over its bound as garbage: say why instead. */
-    if (reply_length > server->max_frame) {
+    if (reply_length > server->limits.max_frame) {
         ferry_error("RPC reply of %zu bytes to request type %d exceeds the %zu-byte frame "
-                    "limit", reply_length, type, server->max_frame);
+                    "limit", reply_length, type, server->limits.max_frame);
         reply_type = FERRY_RPC_ERROR_REPLY;
         status = FERRY_ERR_NO_RESOURCE;
     }
@@ -331,12 +400,12 @@ static int conn_read(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
             conn->header_got += (size_t)got;
             if (conn->header_got < FERRY_RPC_HEADER_SIZE)
                 continue;
-            if (ferry_rpc_header_unpack(conn->header_bytes, server->max_frame,
+            if (ferry_rpc_header_unpack(conn->header_bytes, server->limits.max_frame,
                                         &conn->header) != FERRY_OK) {
                 ferry_warn("RPC connection from %s sent a bad header (magic 0x%08x version %u "
                            "type %u reserved %u length %u, limit %zu); closing it", conn->peer,
                            conn->header.magic, conn->header.version, conn->header.type,
-                           conn->header.reserved, conn->header.length, server->max_frame);
+                           conn->header.reserved, conn->header.length, server->limits.max_frame);
                 return 0;
             }
         } else {
@@ -356,10 +425,13 @@ static int conn_read(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
 /* When this connection must next be looked at; UINT64_MAX: never. */
 static uint64_t conn_deadline(const ferry_rpc_server_t *server, const rpc_conn_t *conn)
 {
-    uint64_t timeout = server->timeout_ms;
+    uint64_t timeout = server->limits.timeout_ms;
+    uint64_t idle = server->limits.idle_timeout_ms;
+    uint64_t deadline = UINT64_MAX;
+    if (idle != 0 && conn_is_idle(conn))
+        deadline = conn->active_ms + idle;
     if (timeout == 0)
-        return UINT64_MAX;
-    uint64_t deadline = conn->active_ms + RPC_IDLE_FACTOR * timeout;
+        return deadline;
     if (conn->frame_start_ms != 0)
         deadline = FERRY_MIN(deadline, conn->frame_start_ms + timeout);
     if (conn->out_length > 0)
@@ -373,7 +445,7 @@ static int conn_check_deadline(const ferry_rpc_server_t *server, const rpc_conn_
 {
     if (now < conn_deadline(server, conn))
         return 1;
-    unsigned timeout = server->timeout_ms;
+    unsigned timeout = server->limits.timeout_ms;
     if (conn->out_length > 0 && now >= conn->out_progress_ms + timeout)
         ferry_warn("RPC connection from %s took no reply bytes for %u ms; closing it",
                    conn->peer, timeout);
@@ -383,14 +455,14 @@ static int conn_check_deadline(const ferry_rpc_server_t *server, const rpc_conn_
                    conn->payload_got);
     else
         ferry_debug("RPC connection from %s idle for %u ms; closing it", conn->peer,
-                    RPC_IDLE_FACTOR * timeout);
+                    server->limits.idle_timeout_ms);
     return 0;
 }
 
 static void *server_main(void *arg)
 {
     ferry_rpc_server_t *server = arg;
-    struct pollfd fds[2 + RPC_MAX_CONNS];
+    struct pollfd *fds = server->fds;
     for (;;) {
         uint64_t now = ferry_time_ms();
         uint64_t deadline = UINT64_MAX;
@@ -445,22 +517,31 @@ static void *server_main(void *arg)
     return NULL;
 }
 
-ferry_status_t ferry_rpc_server_start(const char *host, int port, size_t max_frame,
-                                      unsigned timeout_ms, ferry_rpc_handler_fn handler,
-                                      void *arg, ferry_rpc_server_t **server_p, int *port_p)
+ferry_status_t ferry_rpc_server_start(const char *host, int port,
+                                      const ferry_rpc_server_limits_t *limits,
+                                      ferry_rpc_handler_fn handler, void *arg,
+                                      ferry_rpc_server_t **server_p, int *port_p)
 {
-    if (host == NULL || handler == NULL || server_p == NULL)
+    if (host == NULL || limits == NULL || limits->max_conns == 0 || handler == NULL ||
+        server_p == NULL)
         return FERRY_ERR_INVALID_PARAM;
     ferry_rpc_server_t *server = calloc(1, sizeof(*server));
     if (server == NULL)
         return FERRY_ERR_NO_MEMORY;
+    server->limits = *limits;
     /* The length field is 32 bits: a larger bound means "whatever fits". */
-    server->max_frame = FERRY_MIN(max_frame, (size_t)UINT32_MAX);
-    server->timeout_ms = timeout_ms;
+    server->limits.max_frame = FERRY_MIN(limits->max_frame, (size_t)UINT32_MAX);
+    if (limits->max_conns_per_source == 0 || limits->max_conns_per_source > limits->max_conns)
+        server->limits.max_conns_per_source = limits->max_conns;
     server->handler = handler;
     server->arg = arg;
 
-    ferry_status_t status = FERRY_ERR_IO;
+    ferry_status_t status = FERRY_ERR_NO_MEMORY;
+    server->conns = calloc(limits->max_conns, sizeof(*server->conns));
+    server->fds = calloc(2 + (size_t)limits->max_conns, sizeof(*server->fds));
+    if (server->conns == NULL || server->fds == NULL)
+        goto err_free_server;
+    status = FERRY_ERR_IO;
     server->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (server->wake_fd < 0) {
         ferry_error("RPC server: eventfd: %s", strerror(errno));
@@ -499,6 +580,8 @@ err_close_listen:
 err_close_wake:
     close(server->wake_fd);
 err_free_server:
+    free(server->fds);
+    free(server->conns);
     free(server);
     return status;
 }
@@ -517,5 +600,7 @@ void ferry_rpc_server_stop(ferry_rpc_server_t *server)
         conn_close(server, i);
     close(server->listen_fd);
     close(server->wake_fd);
+    free(server->fds);
+    free(server->conns);
     free(server);
 }

@@ -82,3 +82,15 @@ char *ferry_strdup_printf(const char *fmt, ...)
     va_end(ap);
     return out;
 }
+
+unsigned long ferry_log_burst_due(ferry_log_burst_t *burst, uint64_t now_ms,
+                                  uint64_t interval_ms)
+{
+    burst->count++;
+    if (burst->said_ms != 0 && now_ms - burst->said_ms < interval_ms)
+        return 0;
+    unsigned long count = burst->count;
+    burst->said_ms = now_ms;
+    burst->count = 0;
+    return count;
+}

@@ -274,3 +274,34 @@ void ferry_net_default_host(char *host, size_t len)
     }
     freeaddrinfo(res);
 }
+
+void ferry_net_source_of(const struct sockaddr *addr, ferry_net_source_t *source_p)
+{
+    /* IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d); other families as
+     * all zeros, one source (a listener here only accepts IPv4 and IPv6). */
+    memset(source_p, 0, sizeof(*source_p));
+    if (addr->sa_family == AF_INET6) {
+        memcpy(source_p->bytes, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
+    } else if (addr->sa_family == AF_INET) {
+        source_p->bytes[10] = source_p->bytes[11] = 0xff;
+        memcpy(source_p->bytes + 12, &((const struct sockaddr_in *)addr)->sin_addr, 4);
+    }
+}
+
+ferry_net_admit_t ferry_net_admit(size_t open, size_t open_from_source, size_t max,
+                                  size_t max_per_source)
+{
+    if (open_from_source >= max_per_source)
+        return FERRY_NET_EVICT_SAME_SOURCE;
+    return open >= max ? FERRY_NET_EVICT_ANY : FERRY_NET_ADMIT;
+}
+
+int ferry_net_has_input(int fd)
+{
+    char byte;
+    ssize_t got;
+    do {
+        got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    } while (got < 0 && errno == EINTR);
+    return got > 0;
+}

@@ -20,6 +20,17 @@
 /* ---- log.c ---- */
 void ferry_log_init(void);
 
+/* A warning about an event that can repeat many times a second (a listener
+ * refusing connections): said at most once per interval, with the count. */
+typedef struct ferry_log_burst {
+    uint64_t said_ms; /* 0: never said */
+    unsigned long count;
+} ferry_log_burst_t;
+/* Counts one event; returns the events to report (this one included) when
+ * the warning is due now, else 0. */
+unsigned long ferry_log_burst_due(ferry_log_burst_t *burst, uint64_t now_ms,
+                                  uint64_t interval_ms);
+
 /* A spinning thread's pause: lets the sibling hyperthread run and the
  * spin end sooner once the awaited store lands. */
 static inline void ferry_cpu_relax(void)
@@ -89,6 +100,27 @@ struct msghdr;
 void ferry_net_iov_advance(struct msghdr *msg, size_t sent);
 /* Address of this host that peers should use when none was configured. */
 void ferry_net_default_host(char *host, size_t len);
+/* The host part of a peer's address, so listeners can count connections per
+ * source: an IPv4 address and its IPv4-mapped IPv6 form are one source. */
+typedef struct ferry_net_source {
+    uint8_t bytes[16];
+} ferry_net_source_t;
+struct sockaddr;
+void ferry_net_source_of(const struct sockaddr *addr, ferry_net_source_t *source_p);
+/* What a listener holding `open` connections, `open_from_source` of them
+ * from a newcomer's address, does to let the newcomer in: nothing, or evict
+ * an idle connection of that address (its cap reached: a flood from one
+ * address costs only that address), or one of any address (the global cap). */
+typedef enum ferry_net_admit {
+    FERRY_NET_ADMIT,
+    FERRY_NET_EVICT_SAME_SOURCE,
+    FERRY_NET_EVICT_ANY,
+} ferry_net_admit_t;
+ferry_net_admit_t ferry_net_admit(size_t open, size_t open_from_source, size_t max,
+                                  size_t max_per_source);
+/* Bytes (or an EOF) wait to be read on fd: a connection a listener took for
+ * idle has a request in, and must not be evicted. */
+int ferry_net_has_input(int fd);
 
 /* ---- handle.c: validated handles ---- */
 

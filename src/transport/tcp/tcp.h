@@ -3,7 +3,12 @@
  *
  * Target side (tcp_target.c): one listener thread, one thread per accepted
  * connection; requests on a connection are served in order, straight between
- * the socket and registered memory.  Initiator side (tcp_peer.c): a table of
+ * the socket and registered memory.  At most MAX_CONNS connections, at most
+ * MAX_CONNS_PER_SOURCE from one address: a newcomer past either evicts the
+ * connection idle longest (of its own address when that cap is the one
+ * reached) or is closed when none is idle; a connection idle for
+ * IDLE_TIMEOUT closes.  Idle means between requests, every response sent,
+ * or still waiting for the HELLO.  Initiator side (tcp_peer.c): a table of
  * peers keyed by (endpoint, generation); each peer has CONNECTIONS sockets,
  * each socket a sender thread and a receiver thread.  Responses come back in
  * request order, so a connection's in-flight slices form a FIFO.
@@ -14,8 +19,13 @@
  *              rpc_len u16 | rpc bytes (the initiator's RPC host:port, <= 255)
  *   HELLO_ACK  target -> initiator; status 0, FERRY_ERR_STALE (generation
  *              differs) or FERRY_ERR_UNSUPPORTED (version), then the target closes
- *              magic u32 | version u16 | flags u16 | status i32 | reserved u32 |
+ *              magic u32 | version u16 | flags u16 | status i32 | idle_timeout u32 |
  *              generation u64 | max_slice u64 (the largest request it accepts)
+ *              idle_timeout: ms after which the target closes an idle connection
+ *              (0: never; older targets sent 0 here).  The initiator stops using
+ *              a connection idle for half of it, so the target never closes one
+ *              that a request is on its way to; a connection the target closes
+ *              with nothing in flight is reconnected, not a peer failure.
  *   REQUEST    op u8 (1 WRITE, 2 READ) | pad u8[3] | reserved u32 | id u64 |
  *              addr u64 | length u64; a WRITE is followed by length bytes
  *   RESPONSE   id u64 | status i32 | pad u32; a READ with status 0 is
@@ -48,8 +58,6 @@ enum {
  * runs the engine's slice_done (which may submit and so resolve names). */
 #define FERRY_TCP_WORKER_STACK (512u << 10)
 #define FERRY_TCP_TARGET_STACK (256u << 10)
-/* A hostile initiator cannot make us start more threads than this. */
-#define FERRY_TCP_MAX_TARGET_CONNS 1024
 #define FERRY_TCP_PEER_BUCKETS 256
 /* Slices gathered into one sendmsg (2 iovecs each): fewer syscalls for small slices. */
 #define FERRY_TCP_SEND_BATCH 32
@@ -62,6 +70,9 @@ typedef struct ferry_tcp_settings {
     unsigned connect_timeout_ms;
     size_t max_slice;
     size_t sockbuf;
+    unsigned idle_timeout_ms;
+    unsigned max_conns; /* target connections, so threads: a hostile initiator gets no more */
+    unsigned max_conns_per_source;
 } ferry_tcp_settings_t;
 
 typedef struct ferry_tcp ferry_tcp_t;
@@ -76,7 +87,10 @@ typedef struct ferry_tcp_acked {
  * One initiator socket.  `lock` protects queue_*, inflight_*, the *_seq
  * counters, acked, dead, fail_status and threads_left; the sender sleeps on
  * `wakeup`.  A slice sits in exactly one list (linked by slice->next) or is
- * held by the receiver while its READ data arrive.  No slice of a dead
+ * held by the receiver while its READ data arrive.  A connection that ends
+ * with both lists empty -- the target closed it idle, or submit retired it
+ * before the target's idle timeout could -- is dead with closed_idle set:
+ * no failure, the peer is reconnected once nothing is outstanding.  No slice of a dead
  * connection is finished while a thread could still touch its buffer: the
  * last of the two threads to leave finishes what the lists still hold.
  */
@@ -99,6 +113,7 @@ typedef struct ferry_tcp_conn {
     unsigned n_acked;
     ferry_tcp_acked_t acked[FERRY_TCP_SEND_BATCH];
     int dead;
+    int closed_idle;
     ferry_status_t fail_status;
     int threads_left;
 
@@ -116,8 +131,8 @@ typedef enum ferry_tcp_peer_state {
 
 /*
  * A remote engine incarnation.  tcp->lock protects state, connect_status
- * and next.  endpoint, generation, max_slice, n_conns and conns
- * are immutable once the peer is READY.  Memory is freed on the last unref;
+ * and next.  endpoint, generation, max_slice, idle_timeout_ms, n_conns and
+ * conns are immutable once the peer is READY.  Memory is freed on the last unref;
  * the table (or the graveyard) holds one reference, a submit in progress
  * another.
  */
@@ -132,9 +147,21 @@ struct ferry_tcp_peer {
     atomic_uint threads_running; /* 0: every thread has left, join is immediate */
     atomic_int failing;          /* first failure logs and shuts down */
     uint64_t max_slice;
+    unsigned idle_timeout_ms; /* the target's, from its HELLO_ACK; 0: it never closes */
     unsigned n_conns;
     ferry_tcp_conn_t *conns;
 };
+
+/* Where a target connection is.  The listener evicts one only by moving it
+ * from HELLO or IDLE to EVICTED, and its thread leaves those states only by
+ * moving it to BUSY: one compare-and-swap decides, so a connection is never
+ * evicted with a request read. */
+typedef enum ferry_tcp_target_state {
+    FERRY_TCP_TARGET_HELLO, /* waiting for the HELLO */
+    FERRY_TCP_TARGET_BUSY,  /* reading or serving a request, sending responses */
+    FERRY_TCP_TARGET_IDLE,  /* between requests, every response sent */
+    FERRY_TCP_TARGET_EVICTED,
+} ferry_tcp_target_state_t;
 
 /* One accepted connection on the target side.  tcp->target_lock protects next. */
 typedef struct ferry_tcp_target_conn {
@@ -142,6 +169,9 @@ typedef struct ferry_tcp_target_conn {
     int fd; /* closed only by whoever joins the thread, so shutdown() never hits a reused fd */
     pthread_t thread;
     atomic_int finished;
+    atomic_int state;             /* ferry_tcp_target_state_t */
+    atomic_uint_fast64_t idle_ms; /* since when HELLO or IDLE: eviction takes the oldest */
+    ferry_net_source_t source;    /* immutable */
     struct ferry_tcp_target_conn *next;
 } ferry_tcp_target_conn_t;
 
@@ -155,6 +185,7 @@ struct ferry_tcp {
     int wake_pipe[2];
     pthread_t listener;
     int listener_started;
+    ferry_log_burst_t refused; /* the listener's alone */
     pthread_mutex_t target_lock; /* target_conns, n_target_conns, stopping */
     ferry_tcp_target_conn_t *target_conns;
     size_t n_target_conns;
@@ -238,13 +269,14 @@ static inline size_t ferry_tcp_encode_hello(unsigned char *p, uint64_t expected_
 }
 
 static inline void ferry_tcp_encode_ack(unsigned char *p, ferry_status_t status,
-                                        uint64_t generation, uint64_t max_slice)
+                                        uint32_t idle_timeout_ms, uint64_t generation,
+                                        uint64_t max_slice)
 {
     ferry_tcp_put32(p, FERRY_TCP_MAGIC);
     ferry_tcp_put16(p + 4, FERRY_TCP_VERSION);
     ferry_tcp_put16(p + 6, 0);
     ferry_tcp_put32(p + 8, (uint32_t)(int32_t)status);
-    ferry_tcp_put32(p + 12, 0);
+    ferry_tcp_put32(p + 12, idle_timeout_ms);
     ferry_tcp_put64(p + 16, generation);
     ferry_tcp_put64(p + 24, max_slice);
 }

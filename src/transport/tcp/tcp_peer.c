@@ -8,6 +8,12 @@
  * socket is shut down, both threads of each connection leave, and the last
  * to leave finishes what is still queued or in flight, so no buffer goes
  * back to the engine while a thread could still touch it.
+ *
+ * A connection that ends with nothing queued or in flight is no failure: the
+ * target closed it idle (its IDLE_TIMEOUT, or an eviction), or submit retired
+ * it at half the target's idle timeout so that no request can be on its way
+ * when the target closes it.  Submit uses the peer's other connections and,
+ * once nothing is outstanding, replaces the peer by a fresh connect.
  */
 #include "tcp.h"
 
@@ -414,13 +420,24 @@ static void *receiver_main(void *arg)
     ferry_slice_t *held = NULL;
     rx_buffer_t *rx = malloc(sizeof(*rx));
     ferry_status_t status = FERRY_ERR_NO_MEMORY;
+    int between_responses = 0;
     if (rx != NULL) {
         rx->pos = rx->len = 0;
         status = receive(conn, rx, &held);
+        between_responses = held == NULL && rx->pos == rx->len;
         free(rx);
     }
     pthread_mutex_lock(&conn->lock);
     int ours = !conn->dead; /* else peer_forget or another connection's failure */
+    if (ours && status == FERRY_ERR_PEER_FAILED && between_responses && conn->queue_head == NULL &&
+        conn->inflight_head == NULL) {
+        /* The target closed a connection nothing was on: idle, not failed. */
+        conn->dead = conn->closed_idle = 1;
+        conn->fail_status = FERRY_ERR_PEER_FAILED;
+        pthread_cond_broadcast(&conn->wakeup);
+        ours = 0;
+        ferry_debug("tcp: %s closed idle connection %u", conn->peer->endpoint, conn->index);
+    }
     pthread_mutex_unlock(&conn->lock);
     if (ours)
         peer_fail(conn->peer, status, "receiving");
@@ -483,6 +500,7 @@ static ferry_status_t conn_open(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer, ferry_
     uint64_t max_slice = ferry_tcp_get64(ack + 24);
     if (peer->max_slice == 0 || max_slice < peer->max_slice)
         peer->max_slice = max_slice;
+    peer->idle_timeout_ms = ferry_tcp_get32(ack + 12);
     unsigned timeout = tcp->settings.timeout_ms;
     ferry_net_set_timeout(conn->fd, timeout ? FERRY_MAX(timeout / 8, 1u) : 0); /* one tick */
     return FERRY_OK;
@@ -622,45 +640,79 @@ static ferry_status_t peer_get(ferry_tcp_t *tcp, const ferry_peer_t *desc,
     return FERRY_OK;
 }
 
-ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *desc, ferry_slice_t *slices)
+/* An idle connection closed by us: its threads leave, no slice was on it.
+ * The caller shuts its socket down once the lock is released. */
+static void conn_retire_idle_locked(ferry_tcp_conn_t *conn, uint64_t *retired_p)
 {
-    ferry_tcp_t *tcp = ctx;
-    if (desc == NULL || desc->endpoint == NULL || *desc->endpoint == '\0' || slices == NULL)
-        return FERRY_ERR_INVALID_PARAM;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
-        if (s->length == 0 || s->local == NULL ||
-            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
-            return FERRY_ERR_INVALID_PARAM;
-    }
-    ferry_tcp_peer_t *peer;
-    ferry_status_t status = peer_get(tcp, desc, &peer);
-    if (status != FERRY_OK)
-        return status;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
-        if (s->length > peer->max_slice) {
-            ferry_error("tcp: a %zu-byte slice exceeds the %llu bytes %s accepts "
-                        "(FERRY_TCP_MAX_SLICE there, FERRY_TCP_SLICE_SIZE here)",
-                        s->length, (unsigned long long)peer->max_slice, peer->endpoint);
-            peer_unref(peer);
-            return FERRY_ERR_INVALID_PARAM;
-        }
-    }
+    conn->dead = conn->closed_idle = 1;
+    conn->fail_status = FERRY_ERR_CANCELED;
+    pthread_cond_broadcast(&conn->wakeup);
+    *retired_p |= 1ull << conn->index;
+}
 
+/* Retire connections that the target may close any moment now: idle for
+ * half its idle timeout.  Returns 1 when the peer should be replaced: some
+ * connection closed idle and nothing is outstanding on any, so no slice is
+ * lost by closing the rest.  Every connection's lock held. */
+static int peer_check_idle_locked(ferry_tcp_peer_t *peer, uint64_t *retired_p)
+{
+    unsigned idle_timeout = peer->idle_timeout_ms;
+    uint64_t now = 0; /* read once, when a connection could be past half the timeout */
+    int closed = 0, busy = 0;
+    for (unsigned i = 0; i < peer->n_conns; i++) {
+        ferry_tcp_conn_t *conn = &peer->conns[i];
+        int empty = conn->queue_head == NULL && conn->inflight_head == NULL;
+        int idle = !conn->dead && empty && idle_timeout != 0;
+        if (idle && now == 0)
+            now = ferry_time_ms();
+        uint64_t last = atomic_load(&conn->last_activity_ms);
+        if (idle && now > last && now - last >= idle_timeout / 2)
+            conn_retire_idle_locked(conn, retired_p);
+        closed |= conn->closed_idle;
+        busy |= !empty;
+    }
+    if (!closed || busy)
+        return 0;
+    for (unsigned i = 0; i < peer->n_conns; i++) {
+        if (!peer->conns[i].dead)
+            conn_retire_idle_locked(&peer->conns[i], retired_p);
+    }
+    return 1;
+}
+
+typedef enum queue_result {
+    QUEUED,
+    QUEUE_FAILED,   /* the peer failed: none queued */
+    QUEUE_REPLACED, /* the peer was idle and is out of the table: none queued, connect afresh */
+} queue_result_t;
+
+/* Queue every slice on the peer's live connections, or none. */
+static queue_result_t peer_queue(ferry_tcp_t *tcp, ferry_tcp_peer_t *peer, ferry_slice_t *slices)
+{
     /* All connections locked at once: every slice is queued or, if the
      * peer died meanwhile, none is. */
-    int dead = 0;
-    for (unsigned i = 0; i < peer->n_conns; i++) {
+    for (unsigned i = 0; i < peer->n_conns; i++)
         pthread_mutex_lock(&peer->conns[i].lock);
-        dead |= peer->conns[i].dead;
-    }
-    uint64_t wake = 0; /* connections given work (n_conns <= 64) */
-    for (ferry_slice_t *s = slices, *next; s != NULL && !dead; s = next) {
+    uint64_t retired = 0; /* connections closed here (n_conns <= 64) */
+    queue_result_t result = QUEUED;
+    if (atomic_load(&peer->failing))
+        result = QUEUE_FAILED;
+    else if (peer_check_idle_locked(peer, &retired))
+        result = QUEUE_REPLACED;
+    ferry_tcp_conn_t *first_live = NULL;
+    for (unsigned i = 0; i < peer->n_conns && first_live == NULL; i++)
+        first_live = peer->conns[i].dead ? NULL : &peer->conns[i];
+    if (first_live == NULL && result == QUEUED) /* dead without a failure: not seen */
+        result = QUEUE_FAILED;
+    uint64_t wake = 0; /* connections given work */
+    for (ferry_slice_t *s = slices, *next; s != NULL && result == QUEUED; s = next) {
         next = s->next;
         s->next = NULL;
-        ferry_tcp_conn_t *best = &peer->conns[0];
-        for (unsigned i = 1; i < peer->n_conns; i++) {
-            if (atomic_load(&peer->conns[i].outstanding) < atomic_load(&best->outstanding))
-                best = &peer->conns[i];
+        ferry_tcp_conn_t *best = first_live;
+        for (unsigned i = 0; i < peer->n_conns; i++) {
+            ferry_tcp_conn_t *conn = &peer->conns[i];
+            if (!conn->dead && atomic_load(&conn->outstanding) < atomic_load(&best->outstanding))
+                best = conn;
         }
         atomic_fetch_add(&best->outstanding, s->length);
         if (best->queue_tail != NULL)
@@ -675,13 +727,52 @@ ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *desc, ferry_slice
             pthread_cond_signal(&peer->conns[i].wakeup);
         pthread_mutex_unlock(&peer->conns[i].lock);
     }
-    if (dead) {
+    for (unsigned i = 0; i < peer->n_conns; i++) {
+        if (retired & (1ull << i)) /* the receiver wakes and leaves; no slice was on it */
+            shutdown(peer->conns[i].fd, SHUT_RDWR);
+    }
+    if (result != QUEUED) {
         pthread_mutex_lock(&tcp->lock);
         peer_retire_locked(tcp, peer); /* this submit was told; the next connects afresh */
         pthread_mutex_unlock(&tcp->lock);
     }
-    peer_unref(peer);
-    return dead ? FERRY_ERR_PEER_FAILED : FERRY_OK;
+    return result;
+}
+
+ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *desc, ferry_slice_t *slices)
+{
+    ferry_tcp_t *tcp = ctx;
+    if (desc == NULL || desc->endpoint == NULL || *desc->endpoint == '\0' || slices == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
+        if (s->length == 0 || s->local == NULL ||
+            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
+            return FERRY_ERR_INVALID_PARAM;
+    }
+    /* A peer replaced for being idle is connected afresh once; a second
+     * replacement in a row would be a target closing new connections. */
+    for (int attempt = 0;; attempt++) {
+        ferry_tcp_peer_t *peer;
+        ferry_status_t status = peer_get(tcp, desc, &peer);
+        if (status != FERRY_OK)
+            return status;
+        for (ferry_slice_t *s = slices; s != NULL; s = s->next) {
+            if (s->length > peer->max_slice) {
+                ferry_error("tcp: a %zu-byte slice exceeds the %llu bytes %s accepts "
+                            "(FERRY_TCP_MAX_SLICE there, FERRY_TCP_SLICE_SIZE here)",
+                            s->length, (unsigned long long)peer->max_slice, peer->endpoint);
+                peer_unref(peer);
+                return FERRY_ERR_INVALID_PARAM;
+            }
+        }
+        queue_result_t result = peer_queue(tcp, peer, slices);
+        peer_unref(peer);
+        if (result == QUEUED)
+            return FERRY_OK;
+        if (result == QUEUE_FAILED || attempt > 0)
+            return FERRY_ERR_PEER_FAILED;
+        ferry_debug("tcp: %s was idle; connecting afresh", desc->endpoint);
+    }
 }
 
 /* ---------------- forgetting ---------------- */

@@ -21,7 +21,8 @@ static const ferry_setting_t tcp_settings[] = {
      offsetof(ferry_tcp_settings_t, slice_size), FERRY_SETTING_SIZE},
     {"CONNECTIONS", "2", "sockets per peer; slices are spread over them (1..64)",
      offsetof(ferry_tcp_settings_t, connections), FERRY_SETTING_UINT},
-    {"TIMEOUT", "5000", "a peer that moves no byte this long while requests are outstanding fails",
+    {"TIMEOUT", "5000", "a peer that moves no byte this long while requests are outstanding "
+     "fails; the listener closes a connection whose request header took longer",
      offsetof(ferry_tcp_settings_t, timeout_ms), FERRY_SETTING_TIME_MS},
     {"CONNECT_TIMEOUT", "2000", "limit for connecting and the HELLO exchange",
      offsetof(ferry_tcp_settings_t, connect_timeout_ms), FERRY_SETTING_TIME_MS},
@@ -29,6 +30,15 @@ static const ferry_setting_t tcp_settings[] = {
      offsetof(ferry_tcp_settings_t, max_slice), FERRY_SETTING_SIZE},
     {"SOCKBUF", "0", "socket send/receive buffer size (0: kernel autotuning)",
      offsetof(ferry_tcp_settings_t, sockbuf), FERRY_SETTING_SIZE},
+    {"IDLE_TIMEOUT", "60s", "the listener closes a connection with no request this long (0: "
+     "never); initiators reconnect, dropping a connection idle for half the target's",
+     offsetof(ferry_tcp_settings_t, idle_timeout_ms), FERRY_SETTING_TIME_MS},
+    {"MAX_CONNS", "1024", "connections (each a thread) the listener keeps; past it a new one "
+     "evicts the one idle longest, or is closed when none is idle",
+     offsetof(ferry_tcp_settings_t, max_conns), FERRY_SETTING_UINT},
+    {"MAX_CONNS_PER_SOURCE", "256", "connections the listener keeps from one address; past it a "
+     "new one evicts that address's connection idle longest",
+     offsetof(ferry_tcp_settings_t, max_conns_per_source), FERRY_SETTING_UINT},
 };
 
 ferry_status_t ferry_tcp_thread_start(pthread_t *thread, size_t stack, void *(*fn)(void *),
@@ -73,6 +83,14 @@ static ferry_status_t check_settings(const ferry_tcp_settings_t *s)
     }
     if (s->sockbuf > INT_MAX) {
         ferry_error("FERRY_TCP_SOCKBUF=%zu is too large", s->sockbuf);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (s->max_conns < 1 || s->max_conns > 65536) {
+        ferry_error("FERRY_TCP_MAX_CONNS=%u is not within 1..65536", s->max_conns);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (s->max_conns_per_source < 1) {
+        ferry_error("FERRY_TCP_MAX_CONNS_PER_SOURCE must be at least 1");
         return FERRY_ERR_INVALID_PARAM;
     }
     return FERRY_OK;

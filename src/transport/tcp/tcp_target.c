@@ -5,6 +5,12 @@
  * and the engine's registered memory, and only inside a range that
  * access_acquire granted.  Whatever an initiator sends, the worst it gets is
  * an error status or a closed connection.
+ *
+ * What one client can hold is bounded: the HELLO must arrive within
+ * CONNECT_TIMEOUT and a request header within TIMEOUT of its first byte
+ * (deadlines, so trickling bytes does not stretch them), an idle connection
+ * closes after IDLE_TIMEOUT, and the caps on connections evict the idle ones
+ * (tcp.h), so idle connections, however many, never lock out an initiator.
  */
 #include "tcp.h"
 
@@ -24,6 +30,7 @@
  * A request above COALESCE_MAX flushes first, so no response waits long. */
 #define COALESCE_COUNT 64
 #define COALESCE_MAX (256u << 10)
+#define REFUSED_WARN_INTERVAL_MS 10000
 
 typedef struct pending {
     unsigned count;
@@ -82,8 +89,18 @@ static ferry_status_t recv_deadline(int fd, void *buf, size_t len, uint64_t dead
 static void send_ack(ferry_tcp_target_conn_t *conn, ferry_status_t status)
 {
     unsigned char ack[FERRY_TCP_ACK_SIZE];
-    ferry_tcp_encode_ack(ack, status, conn->tcp->svc.generation, conn->tcp->settings.max_slice);
+    const ferry_tcp_settings_t *settings = &conn->tcp->settings;
+    ferry_tcp_encode_ack(ack, status, settings->idle_timeout_ms, conn->tcp->svc.generation,
+                         settings->max_slice);
     (void)ferry_net_send_all(conn->fd, ack, sizeof(ack));
+}
+
+/* The connection's thread takes it out of HELLO or IDLE; 0: the listener
+ * evicted it first. */
+static int claim(ferry_tcp_target_conn_t *conn, int from)
+{
+    int expected = from;
+    return atomic_compare_exchange_strong(&conn->state, &expected, FERRY_TCP_TARGET_BUSY);
 }
 
 /* HELLO within CONNECT_TIMEOUT, generation check, HELLO_ACK. */
@@ -122,6 +139,8 @@ static ferry_status_t greet(ferry_tcp_target_conn_t *conn)
     status = recv_deadline(conn->fd, rpc, rpc_len, deadline);
     if (status != FERRY_OK)
         return status;
+    if (!claim(conn, FERRY_TCP_TARGET_HELLO))
+        return FERRY_ERR_CANCELED;
     rpc[rpc_len] = '\0';
     if (memchr(rpc, '\0', rpc_len) != NULL) {
         ferry_warn("tcp: HELLO with a malformed RPC endpoint; closing");
@@ -158,11 +177,15 @@ static ferry_status_t drain(int fd, uint64_t length, void **scratch_p)
     return FERRY_OK;
 }
 
-/* Wait for the next request header.  An idle connection may stay idle
- * forever; once a header started, the socket timeout applies.  Pending
- * responses leave as soon as we would wait. */
-static ferry_status_t next_header(int fd, unsigned char *hdr, pending_t *out)
+/* Wait for the next request header; pending responses leave as soon as we
+ * would wait.  An idle connection closes after IDLE_TIMEOUT (or when the
+ * listener evicts it); once a header started, it must complete within
+ * TIMEOUT. */
+static ferry_status_t next_header(ferry_tcp_target_conn_t *conn, unsigned char *hdr, pending_t *out)
 {
+    const ferry_tcp_settings_t *settings = &conn->tcp->settings;
+    int fd = conn->fd;
+    uint64_t idle_since = 0;
     for (;;) {
         ssize_t got = recv(fd, hdr, FERRY_TCP_REQUEST_SIZE, MSG_DONTWAIT);
         int err = got < 0 ? errno : 0;
@@ -172,13 +195,39 @@ static ferry_status_t next_header(int fd, unsigned char *hdr, pending_t *out)
             return FERRY_ERR_PEER_FAILED;
         if (err != EINTR && flush(fd, out) != FERRY_OK)
             return FERRY_ERR_PEER_FAILED;
-        if (got > 0)
-            return ferry_net_recv_all(fd, hdr + got, FERRY_TCP_REQUEST_SIZE - (size_t)got);
+        if (got > 0) {
+            uint64_t deadline =
+                settings->timeout_ms ? ferry_time_ms() + settings->timeout_ms : UINT64_MAX;
+            ferry_status_t status =
+                recv_deadline(fd, hdr + got, FERRY_TCP_REQUEST_SIZE - (size_t)got, deadline);
+            if (status == FERRY_ERR_TIMEOUT)
+                ferry_warn("tcp: a peer did not complete a request header within %u ms; "
+                           "closing", settings->timeout_ms);
+            return status;
+        }
         if (err == EINTR)
             continue;
-        /* shutdown() by destroy wakes this poll, so no wake pipe is needed */
+        uint64_t now = ferry_time_ms();
+        if (idle_since == 0) {
+            idle_since = now;
+            atomic_store(&conn->idle_ms, now);
+        }
+        int wait_ms = -1;
+        if (settings->idle_timeout_ms != 0) {
+            if (now - idle_since >= settings->idle_timeout_ms) {
+                ferry_debug("tcp: closing a connection idle for %u ms", settings->idle_timeout_ms);
+                return FERRY_ERR_TIMEOUT;
+            }
+            wait_ms = (int)(idle_since + settings->idle_timeout_ms - now);
+        }
+        /* shutdown() by destroy or an eviction wakes this poll */
+        atomic_store(&conn->state, FERRY_TCP_TARGET_IDLE);
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+        int rc = poll(&pfd, 1, wait_ms);
+        int poll_errno = errno;
+        if (!claim(conn, FERRY_TCP_TARGET_IDLE))
+            return FERRY_ERR_CANCELED;
+        if (rc < 0 && poll_errno != EINTR)
             return FERRY_ERR_IO;
     }
 }
@@ -255,7 +304,7 @@ static void *target_conn_main(void *arg)
         unsigned char hdr[FERRY_TCP_REQUEST_SIZE];
         out->count = 0;
         for (;;) {
-            ferry_status_t status = next_header(conn->fd, hdr, out);
+            ferry_status_t status = next_header(conn, hdr, out);
             if (status != FERRY_OK) {
                 ferry_debug("tcp: connection ended: %s", ferry_status_string(status));
                 break;
@@ -305,7 +354,84 @@ static void reap_finished(ferry_tcp_t *tcp)
     }
 }
 
-static void accept_one(ferry_tcp_t *tcp, int fd)
+/* Full or out of descriptors: say so, but not once per connection attempt. */
+static void warn_refused(ferry_tcp_t *tcp, const char *why)
+{
+    unsigned long count =
+        ferry_log_burst_due(&tcp->refused, ferry_time_ms(), REFUSED_WARN_INTERVAL_MS);
+    if (count != 0)
+        ferry_warn("tcp: refusing connections (%s); %lu refused since the last warning", why,
+                   count);
+}
+
+static int is_evictable(int state)
+{
+    return state == FERRY_TCP_TARGET_HELLO || state == FERRY_TCP_TARGET_IDLE;
+}
+
+/* The link to the connection idle longest, among those from source (NULL:
+ * all); NULL: none is idle.  The list is newest first, so of two idle since
+ * the same millisecond the older wins.  target_lock held. */
+static ferry_tcp_target_conn_t **oldest_idle_locked(ferry_tcp_t *tcp,
+                                                    const ferry_net_source_t *source)
+{
+    ferry_tcp_target_conn_t **oldest = NULL;
+    uint64_t oldest_ms = UINT64_MAX;
+    for (ferry_tcp_target_conn_t **pp = &tcp->target_conns; *pp != NULL; pp = &(*pp)->next) {
+        ferry_tcp_target_conn_t *conn = *pp;
+        if (!is_evictable(atomic_load(&conn->state)) ||
+            (source != NULL && memcmp(&conn->source, source, sizeof(*source)) != 0))
+            continue;
+        uint64_t idle_ms = atomic_load(&conn->idle_ms);
+        if (idle_ms <= oldest_ms) {
+            oldest = pp;
+            oldest_ms = idle_ms;
+        }
+    }
+    return oldest;
+}
+
+/* Room for a connection from source: *victim_p (or NULL) is out of the list
+ * and EVICTED, for the caller to close.  0: the caps are reached and nothing
+ * in the way is idle.  target_lock held. */
+static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source,
+                            ferry_tcp_target_conn_t **victim_p)
+{
+    size_t same = 0;
+    for (ferry_tcp_target_conn_t *conn = tcp->target_conns; conn != NULL; conn = conn->next)
+        same += memcmp(&conn->source, source, sizeof(*source)) == 0;
+    ferry_net_admit_t admit = ferry_net_admit(tcp->n_target_conns, same, tcp->settings.max_conns,
+                                              tcp->settings.max_conns_per_source);
+    if (admit == FERRY_NET_ADMIT)
+        return 1;
+    const ferry_net_source_t *from = admit == FERRY_NET_EVICT_SAME_SOURCE ? source : NULL;
+    /* A connection the scan found idle may turn busy before the swap: look again. */
+    for (int attempt = 0; attempt < 8; attempt++) {
+        ferry_tcp_target_conn_t **pp = oldest_idle_locked(tcp, from);
+        if (pp == NULL)
+            break;
+        ferry_tcp_target_conn_t *conn = *pp;
+        if (ferry_net_has_input(conn->fd)) {
+            /* A request (or HELLO) is in, its thread not yet awake: busy in
+             * all but name, so last in the eviction order. */
+            atomic_store(&conn->idle_ms, ferry_time_ms());
+            continue;
+        }
+        int state = atomic_load(&conn->state);
+        if (is_evictable(state) &&
+            atomic_compare_exchange_strong(&conn->state, &state, FERRY_TCP_TARGET_EVICTED)) {
+            *pp = conn->next;
+            tcp->n_target_conns--;
+            *victim_p = conn;
+            return 1;
+        }
+    }
+    warn_refused(tcp, from ? "too many connections from one address, none idle"
+                           : "all connections busy");
+    return 0;
+}
+
+static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
 {
     int one = 1;
     /* 16-byte responses must not wait for Nagle */
@@ -318,15 +444,29 @@ static void accept_one(ferry_tcp_t *tcp, int fd)
     }
     conn->tcp = tcp;
     conn->fd = fd;
+    atomic_init(&conn->state, FERRY_TCP_TARGET_HELLO);
+    atomic_init(&conn->idle_ms, ferry_time_ms());
+    ferry_net_source_of(addr, &conn->source);
+
+    reap_finished(tcp); /* threads that left do not count */
+    ferry_tcp_target_conn_t *victim = NULL;
     pthread_mutex_lock(&tcp->target_lock);
-    if (tcp->n_target_conns >= FERRY_TCP_MAX_TARGET_CONNS) {
-        pthread_mutex_unlock(&tcp->target_lock);
-        ferry_warn("tcp: %d connections already open; refusing another",
-                   FERRY_TCP_MAX_TARGET_CONNS);
+    int room = make_room_locked(tcp, &conn->source, &victim);
+    pthread_mutex_unlock(&tcp->target_lock);
+    if (victim != NULL) {
+        /* Its thread is in poll() or about to be, holding nothing: it leaves
+         * at once, so joining here holds up accepting for no time. */
+        ferry_debug("tcp: evicting the connection idle longest for a new one");
+        shutdown(victim->fd, SHUT_RDWR);
+        target_conn_free(victim);
+    }
+    if (!room) {
         close(fd);
         free(conn);
         return;
     }
+    /* Only this thread adds connections, so the room made is still there. */
+    pthread_mutex_lock(&tcp->target_lock);
     if (ferry_tcp_thread_start(&conn->thread, FERRY_TCP_TARGET_STACK, target_conn_main, conn) !=
         FERRY_OK) {
         pthread_mutex_unlock(&tcp->target_lock);
@@ -367,9 +507,11 @@ static void *listener_main(void *arg)
         }
         if (!(pfd[1].revents & POLLIN))
             continue;
-        int fd = accept4(tcp->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_storage addr;
+        socklen_t addrlen = sizeof(addr);
+        int fd = accept4(tcp->listen_fd, (struct sockaddr *)&addr, &addrlen, SOCK_CLOEXEC);
         if (fd >= 0) {
-            accept_one(tcp, fd);
+            accept_one(tcp, fd, (const struct sockaddr *)&addr);
         } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             /* out of descriptors: pause instead of spinning on a readable socket */
             ferry_error("tcp: accept: %s; pausing accepts for 100 ms", strerror(errno));
