@@ -65,7 +65,7 @@ link() {
 build() {
     name=$1
     # shellcheck disable=SC2046  # word splitting of the lists is wanted
-    "$clang" -std=gnu11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror -pthread \
+    "$clang" -std=gnu11 -D_GNU_SOURCE -g -O2 -Wall -Wextra -Werror -pthread \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
         -I"$top/include" -I"$top/src" \
         -o "$out/fuzz_$name" "test/fuzz/fuzz_$name.c" test/fuzz/fuzz_common.c \

@@ -12,6 +12,8 @@ packages="$packages libucx-dev"
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
+    # the fuzz smoke run (contrib/fuzz.sh): clang's libFuzzer and sanitizers
+    packages="$packages clang libclang-rt-14-dev"
     # test_netns: two network namespaces joined by a veth (ip netns, ip link)
     packages="$packages iproute2"
     # servers the metadata tests start themselves, on free loopback ports

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The README's test command: install, build with -Werror, run the suite, then
-# run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# run it again under AddressSanitizer + UndefinedBehaviorSanitizer, then a
+# short run of every fuzz harness.
 set -e
 cd "$(dirname "$0")/.."
 contrib/install-deps.sh test
@@ -57,6 +58,19 @@ run_suite build-check || status=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize --enable-sanitizers --enable-debug || status=1
+# Each libFuzzer harness for a short while (doc/fuzzing.md): a crash, leak
+# or sanitizer report fails the run.  The corpus grows in build-fuzz/.
+fuzz_log=$(mktemp)
+if contrib/fuzz.sh --time=15 >"$fuzz_log" 2>&1; then
+    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log") harnesses x 15 s, no crash
+"
+else
+    status=1
+    summary="${summary}fuzz smoke: FAILED (build-fuzz/*/run.log)
+"
+    { echo "==> fuzz smoke"; cat "$fuzz_log"; } >>"$failures"
+fi
+cat "$fuzz_log"; rm -f "$fuzz_log"
 cat "$failures"; rm -f "$failures"
 printf '%s' "$summary"
 exit $status

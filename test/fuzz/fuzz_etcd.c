@@ -1,7 +1,7 @@
 /*
  * The etcd store's reading of etcd's JSON gateway.  Each input is used as:
  *   - the body of a call's answer (ferry_etcd_reply_parse, as ferry_etcd_call
- *     uses it, with HTTP 200 and with an error status), then, when accepted,
+ *     uses it, with HTTP 200 or an error status), then, when accepted,
  *     as a range reply (ferry_etcd_range_value, what a fetch returns) and for
  *     the lease fields the keeper reads;
  *   - the bytes of a watch stream (etcd_watch.c's curl callback, on_data,
@@ -114,9 +114,10 @@ static void check_watch(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    /* an answer (HTTP 200), or a refusal (401) when the body ends in a
+     * blank, which JSON ignores: a captured reply is a seed as it is */
     char *body = fuzz_text(data, size);
-    check_reply(200, body, size);
-    check_reply(401, body, size);
+    check_reply(size > 0 && data[size - 1] == ' ' ? 401 : 200, body, size);
     free(body);
     check_watch(data, size);
     return 0;
