@@ -62,7 +62,8 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 # or sanitizer report fails the run.  The corpus grows in build-fuzz/.
 fuzz_log=$(mktemp)
 if contrib/fuzz.sh --time=15 >"$fuzz_log" 2>&1; then
-    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log") harnesses x 15 s, no crash
+    cat "$fuzz_log"
+    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log" || true) harnesses x 15 s, no crash
 "
 else
     status=1
@@ -70,7 +71,7 @@ else
 "
     { echo "==> fuzz smoke"; cat "$fuzz_log"; } >>"$failures"
 fi
-cat "$fuzz_log"; rm -f "$fuzz_log"
+rm -f "$fuzz_log"
 cat "$failures"; rm -f "$failures"
 printf '%s' "$summary"
 exit $status

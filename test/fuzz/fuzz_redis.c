@@ -40,10 +40,34 @@ static void check_reply(const redisReply *reply, int depth)
             check_reply(reply->element[i], depth + 1);
 }
 
+/*
+ * hiredis 0.14 allocates an array's table of elements as soon as it reads
+ * the count (up to INT_MAX entries), before any element arrives: up to
+ * 16 GiB of address space that is never touched (overcommitted, or a clean
+ * out-of-memory error), which libFuzzer's malloc limit reports as a crash.
+ * No command of the store gets an array back, so the harness bounds arrays,
+ * through hiredis's own hook, rather than the store.
+ */
+#define FUZZ_MAX_ELEMENTS 4096
+
+static redisReplyObjectFunctions bounded;
+static void *(*create_array)(const redisReadTask *task, int elements);
+
+static void *create_bounded_array(const redisReadTask *task, int elements)
+{
+    return elements > FUZZ_MAX_ELEMENTS ? NULL : create_array(task, elements);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     redisReader *reader = redisReaderCreate();
     FUZZ_CHECK(reader != NULL);
+    if (create_array == NULL) {
+        bounded = *reader->fn;
+        create_array = bounded.createArray;
+        bounded.createArray = create_bounded_array;
+    }
+    reader->fn = &bounded;
     if (redisReaderFeed(reader, (const char *)data, size) == REDIS_OK) {
         void *reply;
         while (redisReaderGetReply(reader, &reply) == REDIS_OK && reply != NULL) {
