@@ -61,9 +61,10 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 # Each libFuzzer harness for a short while (doc/fuzzing.md): a crash, leak
 # or sanitizer report fails the run.  The corpus grows in build-fuzz/.
 fuzz_log=$(mktemp)
-if contrib/fuzz.sh --time=15 >"$fuzz_log" 2>&1; then
+fuzz_seconds=15
+if contrib/fuzz.sh --time=$fuzz_seconds >"$fuzz_log" 2>&1; then
     cat "$fuzz_log"
-    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log" || true) harnesses x 15 s, no crash
+    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log" || true) harnesses x $fuzz_seconds s, no crash
 "
 else
     status=1
