@@ -14,6 +14,8 @@ if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
     # the sanitizer passes' runtimes (GCC 12's; build-essential brings them today)
     packages="$packages libasan8 libubsan1 libtsan2"
+    # the fuzz smoke run (contrib/fuzz.sh): clang's libFuzzer and sanitizers
+    packages="$packages clang libclang-rt-14-dev"
     # test_netns: two network namespaces joined by a veth (ip netns, ip link)
     packages="$packages iproute2"
     # servers the metadata tests start themselves, on free loopback ports

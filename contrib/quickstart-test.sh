@@ -1,7 +1,8 @@
 #!/bin/sh
 # The README's test command: install, build with -Werror, run the suite, then
-# run it again under AddressSanitizer + UndefinedBehaviorSanitizer, and a
-# third time under ThreadSanitizer.
+# run it again under AddressSanitizer + UndefinedBehaviorSanitizer, run
+# every fuzz harness for a short while, and run the suite a third time
+# under ThreadSanitizer.
 set -e
 cd "$(dirname "$0")/.."
 contrib/install-deps.sh test
@@ -80,6 +81,21 @@ run_suite build-check || status=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize --enable-sanitizers --enable-debug || status=1
+# Each libFuzzer harness for a short while (doc/fuzzing.md): a crash, leak
+# or sanitizer report fails the run.  The corpus grows in build-fuzz/.
+fuzz_log=$(mktemp)
+fuzz_seconds=15
+if contrib/fuzz.sh --time=$fuzz_seconds >"$fuzz_log" 2>&1; then
+    cat "$fuzz_log"
+    summary="${summary}fuzz smoke: $(grep -c ': ok$' "$fuzz_log" || true) harnesses x $fuzz_seconds s, no crash
+"
+else
+    status=1
+    summary="${summary}fuzz smoke: FAILED (build-fuzz/*/run.log)
+"
+    { echo "==> fuzz smoke"; cat "$fuzz_log"; } >>"$failures"
+fi
+rm -f "$fuzz_log"
 # Every test program, peers and servers included, under ThreadSanitizer:
 # the first report ends its process (halt_on_error), and a report anywhere
 # fails the pass (run_suite).  No suppressions: no report has come from

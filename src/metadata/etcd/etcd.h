@@ -105,6 +105,18 @@ ferry_status_t ferry_etcd_endpoints_parse(etcd_store_t *store, const char *uri);
  */
 ferry_status_t ferry_etcd_call(etcd_store_t *store, const char *path, json_t *request,
                                json_t **reply_p, etcd_error_t *error);
+/*
+ * What ferry_etcd_call makes of an answer (body: NUL-terminated, length
+ * bytes): FERRY_OK with *reply_p when http is 200 and the JSON object holds
+ * no "error"; FERRY_ERR_METADATA with *error filled for an error reply;
+ * FERRY_ERR_DECODE when the body is not a JSON object.
+ */
+ferry_status_t ferry_etcd_reply_parse(long http, const char *body, size_t length,
+                                      json_t **reply_p, etcd_error_t *error);
+/* The first value of a range reply, base64-decoded (malloc-ed, NUL-terminated):
+ * FERRY_ERR_SEGMENT_NOT_FOUND when it holds no key, FERRY_ERR_DECODE when
+ * the value is not base64 text. */
+ferry_status_t ferry_etcd_range_value(const json_t *reply, char **value_p, size_t *length_p);
 /* "Authorization: <token>" (malloc-ed), or NULL when no user is configured. */
 char *ferry_etcd_auth_header(etcd_store_t *store);
 /* After an auth failure: drop the token so the next call authenticates. */

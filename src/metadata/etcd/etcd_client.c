@@ -180,38 +180,61 @@ ferry_status_t ferry_etcd_call(etcd_store_t *store, const char *path, json_t *re
         free(header);
         if (status != FERRY_OK)
             break;
-        json_t *root = json_loadb(reply.body, reply.length, 0, NULL);
         long http = reply.code;
-        if (root == NULL || !json_is_object(root)) {
-            snprintf(error->message, sizeof(error->message), "HTTP %ld, not JSON: %.100s",
-                     http, reply.body);
-            error->http = http;
-            ferry_md_reply_free(&reply);
-            json_decref(root);
-            status = http == 200 ? FERRY_ERR_DECODE : FERRY_ERR_METADATA;
-            break;
-        }
+        status = ferry_etcd_reply_parse(http, reply.body, reply.length, reply_p, error);
         ferry_md_reply_free(&reply);
-        const json_t *result = json_object_get(root, "result");
-        if (http == 200 && json_object_get(root, "error") == NULL) {
-            if (json_is_object(result)) {
-                json_t *unwrapped = json_incref((json_t *)result);
-                json_decref(root);
-                root = unwrapped;
-            }
-            *reply_p = root;
+        if (status == FERRY_OK) {
             free(body);
             return FERRY_OK;
         }
-        parse_error(root, http, error);
-        json_decref(root);
-        status = FERRY_ERR_METADATA;
+        if (status == FERRY_ERR_DECODE) {
+            status = http == 200 ? FERRY_ERR_DECODE : FERRY_ERR_METADATA;
+            break;
+        }
         if (!with_auth || attempt > 0 || !auth_failure(error))
             break;
         ferry_etcd_auth_reset(store);
     }
     free(body);
     return status;
+}
+
+ferry_status_t ferry_etcd_reply_parse(long http, const char *body, size_t length,
+                                      json_t **reply_p, etcd_error_t *error)
+{
+    json_t *root = json_loadb(body, length, 0, NULL);
+    if (root == NULL || !json_is_object(root)) {
+        snprintf(error->message, sizeof(error->message), "HTTP %ld, not JSON: %.100s", http,
+                 body);
+        error->http = http;
+        json_decref(root);
+        return FERRY_ERR_DECODE;
+    }
+    const json_t *result = json_object_get(root, "result");
+    if (http == 200 && json_object_get(root, "error") == NULL) {
+        if (json_is_object(result)) {
+            json_t *unwrapped = json_incref((json_t *)result);
+            json_decref(root);
+            root = unwrapped;
+        }
+        *reply_p = root;
+        return FERRY_OK;
+    }
+    parse_error(root, http, error);
+    json_decref(root);
+    return FERRY_ERR_METADATA;
+}
+
+ferry_status_t ferry_etcd_range_value(const json_t *reply, char **value_p, size_t *length_p)
+{
+    const json_t *kvs = json_object_get(reply, "kvs");
+    if (kvs == NULL || json_array_size(kvs) == 0)
+        return FERRY_ERR_SEGMENT_NOT_FOUND;
+    /* An empty value is left out of the reply: it decodes as "". */
+    const json_t *value = json_object_get(json_array_get(kvs, 0), "value");
+    if (value != NULL && !json_is_string(value))
+        return FERRY_ERR_DECODE;
+    return ferry_etcd_unb64(value ? json_string_value(value) : "", value_p, length_p);
 }
 
 /* ---- base64 and gateway integers ---- */

@@ -168,19 +168,10 @@ static ferry_status_t etcd_fetch(void *ctx, const char *name, char **descriptor_
                     error.message);
         return status;
     }
-    const json_t *kvs = json_object_get(reply, "kvs");
-    if (kvs == NULL || json_array_size(kvs) == 0) {
-        json_decref(reply);
-        ferry_info("etcd %s has no segment \"%s\"", store->uri, name);
-        return FERRY_ERR_SEGMENT_NOT_FOUND;
-    }
-    /* An empty value is left out of the reply: it decodes as "". */
-    const json_t *value = json_object_get(json_array_get(kvs, 0), "value");
     size_t length;
-    if (value != NULL && !json_is_string(value))
-        status = FERRY_ERR_DECODE;
-    else
-        status = ferry_etcd_unb64(value ? json_string_value(value) : "", descriptor_p, &length);
+    status = ferry_etcd_range_value(reply, descriptor_p, &length);
+    if (status == FERRY_ERR_SEGMENT_NOT_FOUND)
+        ferry_info("etcd %s has no segment \"%s\"", store->uri, name);
     if (status == FERRY_ERR_DECODE)
         ferry_error("etcd %s: segment \"%s\": the value is not base64", store->uri, name);
     json_decref(reply);

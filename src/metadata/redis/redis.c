@@ -11,8 +11,7 @@
  * was opened) is dropped and the command retried once on a new connection.
  */
 #include "../keys.h"
-
-#include <hiredis/hiredis.h>
+#include "redis.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -161,18 +160,6 @@ static struct timeval timeval_ms(unsigned ms)
     return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (long)(ms % 1000) * 1000};
 }
 
-/* A reply that must be a status "OK"; else why says what came. */
-static int reply_ok(redisReply *reply, char *why, size_t whylen)
-{
-    if (reply == NULL)
-        return 0;
-    if (reply->type == REDIS_REPLY_STATUS && strcmp(reply->str, "OK") == 0)
-        return 1;
-    snprintf(why, whylen, "%s", reply->type == REDIS_REPLY_ERROR ? reply->str :
-             "unexpected reply");
-    return 0;
-}
-
 static redisContext *connect_one(redis_store_t *store, char *why, size_t whylen)
 {
     redisContext *c = redisConnectWithTimeout(store->host, store->port,
@@ -193,7 +180,7 @@ static redisContext *connect_one(redis_store_t *store, char *why, size_t whylen)
             reply = redisCommand(c, "AUTH %s %s", store->user, store->password);
         else
             reply = redisCommand(c, "AUTH %s", store->password);
-        if (!reply_ok(reply, why, whylen)) {
+        if (!ferry_redis_reply_ok(reply, why, whylen)) {
             if (reply == NULL)
                 snprintf(why, whylen, "AUTH: %s", c->errstr);
             goto err_free;
@@ -202,7 +189,7 @@ static redisContext *connect_one(redis_store_t *store, char *why, size_t whylen)
     }
     if (store->db != 0) {
         reply = redisCommand(c, "SELECT %d", store->db);
-        if (!reply_ok(reply, why, whylen)) {
+        if (!ferry_redis_reply_ok(reply, why, whylen)) {
             if (reply == NULL)
                 snprintf(why, whylen, "SELECT: %s", c->errstr);
             goto err_free;
@@ -290,7 +277,7 @@ static ferry_status_t set_newest(redis_store_t *store, int quiet)
         size_t lengths[] = {3, strlen(key), strlen(descriptor), 2, strlen(ttl)};
         status = command(store, 5, argv, lengths, &reply, why, sizeof(why));
         reached = status == FERRY_OK;
-        if (status == FERRY_OK && reply_ok(reply, why, sizeof(why)))
+        if (status == FERRY_OK && ferry_redis_reply_ok(reply, why, sizeof(why)))
             ferry_md_newest_stored(&store->newest, version);
         else if (status == FERRY_OK)
             status = FERRY_ERR_METADATA;
@@ -345,23 +332,11 @@ static ferry_status_t redis_fetch(void *ctx, const char *name, char **descriptor
         ferry_error("redis %s: cannot fetch segment \"%s\": %s", store->where, name, why);
         return FERRY_ERR_METADATA;
     }
-    if (reply->type == REDIS_REPLY_STRING) {
-        /* A value with a NUL inside is cut there: the decoder refuses it. */
-        *descriptor_p = malloc(reply->len + 1);
-        if (*descriptor_p == NULL) {
-            status = FERRY_ERR_NO_MEMORY;
-        } else {
-            memcpy(*descriptor_p, reply->str, reply->len);
-            (*descriptor_p)[reply->len] = '\0';
-        }
-    } else if (reply->type == REDIS_REPLY_NIL) {
+    status = ferry_redis_value(reply, descriptor_p, why, sizeof(why));
+    if (status == FERRY_ERR_SEGMENT_NOT_FOUND)
         ferry_info("redis %s has no segment \"%s\"", store->where, name);
-        status = FERRY_ERR_SEGMENT_NOT_FOUND;
-    } else {
-        ferry_error("redis %s: segment \"%s\": %s", store->where, name,
-                    reply->type == REDIS_REPLY_ERROR ? reply->str : "not a string value");
-        status = reply->type == REDIS_REPLY_ERROR ? FERRY_ERR_METADATA : FERRY_ERR_DECODE;
-    }
+    else if (status == FERRY_ERR_METADATA || status == FERRY_ERR_DECODE)
+        ferry_error("redis %s: segment \"%s\": %s", store->where, name, why);
     freeReplyObject(reply);
     return status;
 }
@@ -404,7 +379,7 @@ static int renew(redis_store_t *store)
         size_t lengths[] = {7, strlen(key), strlen(ttl)};
         redisReply *reply = NULL;
         if (command(store, 3, argv, lengths, &reply, why, sizeof(why)) == FERRY_OK) {
-            result = reply->type == REDIS_REPLY_INTEGER && reply->integer == 1;
+            result = ferry_redis_renewed(reply);
             freeReplyObject(reply);
         }
         free(key);

@@ -208,6 +208,32 @@ void ferry_tcp_tune_socket(const ferry_tcp_t *tcp, int fd);
 ferry_status_t ferry_tcp_target_start(ferry_tcp_t *tcp, const char *host, int *port_p);
 void ferry_tcp_target_stop(ferry_tcp_t *tcp);
 
+/* ---- tcp_wire.c: what a target reads, parsed (logs each violation once) ---- */
+typedef struct ferry_tcp_hello {
+    uint16_t version;
+    uint64_t expected_generation;
+    uint16_t rpc_len; /* <= FERRY_TCP_HELLO_RPC_MAX; that many rpc bytes follow */
+} ferry_tcp_hello_t;
+
+typedef struct ferry_tcp_request {
+    unsigned op; /* FERRY_TCP_OP_WRITE or FERRY_TCP_OP_READ */
+    uint64_t id;
+    uint64_t addr;
+    uint64_t length; /* 1..max_slice */
+} ferry_tcp_request_t;
+
+/* The FERRY_TCP_HELLO_SIZE bytes before the rpc bytes.  FERRY_ERR_PROTOCOL:
+ * not a ferry HELLO or an rpc_len over the bound; FERRY_ERR_UNSUPPORTED:
+ * another wire version (the target answers that before it closes). */
+ferry_status_t ferry_tcp_hello_parse(const unsigned char *bytes, ferry_tcp_hello_t *hello);
+/* The rpc bytes as received into rpc (room for rpc_len + 1): refused when
+ * they hold a NUL, else NUL-terminated in place. */
+ferry_status_t ferry_tcp_hello_rpc_parse(char *rpc, size_t rpc_len);
+/* FERRY_TCP_REQUEST_SIZE bytes; FERRY_ERR_PROTOCOL on an unknown op, a
+ * length of 0 or above max_slice.  The range itself is the engine's to judge. */
+ferry_status_t ferry_tcp_request_parse(const unsigned char *bytes, size_t max_slice,
+                                       ferry_tcp_request_t *request);
+
 /* ---- tcp_peer.c ---- */
 ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
 void ferry_tcp_peer_forget(void *ctx, const ferry_peer_t *peer);

@@ -118,34 +118,21 @@ static ferry_status_t greet(ferry_tcp_target_conn_t *conn)
         ferry_debug("tcp: connection closed before its HELLO: %s", ferry_status_string(status));
         return status;
     }
-    if (ferry_tcp_get32(hello) != FERRY_TCP_MAGIC) {
-        ferry_warn("tcp: a connection did not start with a ferry HELLO; closing it");
-        return FERRY_ERR_PROTOCOL;
-    }
-    uint16_t version = ferry_tcp_get16(hello + 4);
-    if (version != FERRY_TCP_VERSION) {
-        ferry_warn("tcp: a peer speaks wire version %u, this engine %d; closing", version,
-                   FERRY_TCP_VERSION);
+    ferry_tcp_hello_t parsed;
+    status = ferry_tcp_hello_parse(hello, &parsed);
+    if (status == FERRY_ERR_UNSUPPORTED)
         send_ack(conn, FERRY_ERR_UNSUPPORTED);
+    if (status != FERRY_OK)
         return FERRY_ERR_PROTOCOL;
-    }
-    uint64_t expected = ferry_tcp_get64(hello + 8);
-    uint16_t rpc_len = ferry_tcp_get16(hello + 16);
-    if (rpc_len > FERRY_TCP_HELLO_RPC_MAX) {
-        ferry_warn("tcp: HELLO with a %u-byte RPC endpoint (max %d); closing", rpc_len,
-                   FERRY_TCP_HELLO_RPC_MAX);
-        return FERRY_ERR_PROTOCOL;
-    }
+    uint64_t expected = parsed.expected_generation;
+    uint16_t rpc_len = parsed.rpc_len;
     status = recv_deadline(conn->fd, rpc, rpc_len, deadline);
     if (status != FERRY_OK)
         return status;
     if (!claim(conn, FERRY_TCP_TARGET_HELLO))
         return FERRY_ERR_CANCELED;
-    rpc[rpc_len] = '\0';
-    if (memchr(rpc, '\0', rpc_len) != NULL) {
-        ferry_warn("tcp: HELLO with a malformed RPC endpoint; closing");
+    if (ferry_tcp_hello_rpc_parse(rpc, rpc_len) != FERRY_OK)
         return FERRY_ERR_PROTOCOL;
-    }
     if (expected != tcp->svc.generation) {
         ferry_debug("tcp: peer %s expects generation %016llx, this is %016llx", rpc,
                     (unsigned long long)expected, (unsigned long long)tcp->svc.generation);
@@ -236,16 +223,11 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
                                 pending_t *out, void **scratch_p)
 {
     ferry_tcp_t *tcp = conn->tcp;
-    unsigned op = hdr[0];
-    uint64_t id = ferry_tcp_get64(hdr + 8);
-    uint64_t addr = ferry_tcp_get64(hdr + 16);
-    uint64_t length = ferry_tcp_get64(hdr + 24);
-    if ((op != FERRY_TCP_OP_WRITE && op != FERRY_TCP_OP_READ) || length == 0 ||
-        length > tcp->settings.max_slice) {
-        ferry_warn("tcp: protocol error from a peer (op %u, length %llu, max %zu); closing", op,
-                   (unsigned long long)length, tcp->settings.max_slice);
+    ferry_tcp_request_t request;
+    if (ferry_tcp_request_parse(hdr, tcp->settings.max_slice, &request) != FERRY_OK)
         return FERRY_ERR_PROTOCOL;
-    }
+    unsigned op = request.op;
+    uint64_t id = request.id, addr = request.addr, length = request.length;
 
     ferry_status_t status = FERRY_OK;
     if (op == FERRY_TCP_OP_WRITE && length > COALESCE_MAX)

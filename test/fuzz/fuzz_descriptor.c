@@ -1,0 +1,76 @@
+/*
+ * The segment descriptor decoder (src/core/descriptor.c): what a metadata
+ * store or a p2p FETCH hands the engine.  A descriptor it accepts must obey
+ * what the rest of the engine relies on (buffers sorted, disjoint, non-empty,
+ * ending inside 64 bits, found by ferry_descriptor_find), and must encode
+ * and decode again to the same value, and encode to the same text.
+ */
+#include "fuzz_common.h"
+
+#include "../../src/core/core.h"
+
+#include <string.h>
+
+static int same_text(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+static void check_same(const ferry_descriptor_t *a, const ferry_descriptor_t *b)
+{
+    FUZZ_CHECK(same_text(a->name, b->name));
+    FUZZ_CHECK(a->generation == b->generation);
+    FUZZ_CHECK(same_text(a->host_id, b->host_id));
+    FUZZ_CHECK(same_text(a->rpc, b->rpc));
+    FUZZ_CHECK(a->n_transports == b->n_transports);
+    for (size_t t = 0; t < a->n_transports; t++) {
+        FUZZ_CHECK(same_text(a->transports[t].name, b->transports[t].name));
+        FUZZ_CHECK(same_text(a->transports[t].endpoint, b->transports[t].endpoint));
+    }
+    FUZZ_CHECK(a->n_buffers == b->n_buffers);
+    for (size_t i = 0; i < a->n_buffers; i++) {
+        const ferry_desc_buffer_t *x = &a->buffers[i], *y = &b->buffers[i];
+        FUZZ_CHECK(x->addr == y->addr && x->length == y->length && x->access == y->access);
+        FUZZ_CHECK(same_text(x->location, y->location));
+        for (size_t t = 0; t < a->n_transports; t++)
+            FUZZ_CHECK(same_text(x->keys[t], y->keys[t]));
+    }
+}
+
+static void check_buffers(const ferry_descriptor_t *desc)
+{
+    FUZZ_CHECK(desc->name != NULL && desc->name[0] != '\0');
+    for (size_t i = 0; i < desc->n_buffers; i++) {
+        const ferry_desc_buffer_t *buffer = &desc->buffers[i];
+        FUZZ_CHECK(buffer->length > 0 && buffer->length <= UINT64_MAX - buffer->addr);
+        FUZZ_CHECK(i == 0 || desc->buffers[i - 1].addr + desc->buffers[i - 1].length <=
+                                 buffer->addr);
+        FUZZ_CHECK(ferry_descriptor_find(desc, buffer->addr, buffer->length) == buffer);
+        FUZZ_CHECK(ferry_descriptor_find(desc, buffer->addr + buffer->length - 1, 1) == buffer);
+        /* one byte past its end is another buffer's or nobody's */
+        if (buffer->addr + buffer->length - 1 < UINT64_MAX)
+            FUZZ_CHECK(ferry_descriptor_find(desc, buffer->addr, buffer->length + 1) == NULL);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ferry_descriptor_t *desc;
+    if (ferry_descriptor_decode((const char *)data, size, &desc) != FERRY_OK)
+        return 0;
+    check_buffers(desc);
+
+    char *json, *json_again;
+    FUZZ_CHECK(ferry_descriptor_encode(desc, &json) == FERRY_OK);
+    ferry_descriptor_t *again;
+    FUZZ_CHECK(ferry_descriptor_decode(json, strlen(json), &again) == FERRY_OK);
+    check_same(desc, again);
+    FUZZ_CHECK(ferry_descriptor_encode(again, &json_again) == FERRY_OK);
+    FUZZ_CHECK(strcmp(json, json_again) == 0);
+
+    free(json_again);
+    free(json);
+    ferry_descriptor_unref(again);
+    ferry_descriptor_unref(desc);
+    return 0;
+}
