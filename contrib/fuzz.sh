@@ -47,7 +47,7 @@ libs() {
 sources() {
     case "$1" in
     descriptor) echo "src/core/descriptor.c" ;;
-    rpc) echo "src/rpc/rpc_frame.c src/rpc/wire.c" ;;
+    rpc) echo "src/rpc/rpc_frame.c src/rpc/wire.c src/rpc/rpc_message.c" ;;
     tcp) echo "src/transport/tcp/tcp_wire.c" ;;
     etcd) echo "src/metadata/etcd/etcd_client.c src/metadata/md_curl.c src/metadata/keys.c" ;;
     redis) echo "src/metadata/redis/redis_reply.c" ;;

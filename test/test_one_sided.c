@@ -324,8 +324,7 @@ static ferry_status_t fetch_as(ferry_engine_h engine, const char *from)
 {
     const char *self = ferry_engine_segment_name(engine);
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, self);
-    ferry_wire_put_str(&out, from);
+    cr_assert_eq(ferry_rpc_fetch_write(&out, self, from), FERRY_OK);
     void *reply = NULL;
     size_t length;
     ferry_status_t status = ferry_rpc_call(self, FERRY_RPC_FETCH, out.data, out.length, 2000,

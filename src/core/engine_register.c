@@ -306,8 +306,8 @@ ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *loc
 static void invalidate_peers(ferry_engine_t *engine)
 {
     ferry_wire_writer_t writer = {0};
-    ferry_wire_put_str(&writer, engine->name);
-    ferry_wire_put_u64(&writer, engine->generation);
+    ferry_status_t written = ferry_rpc_invalidate_write(&writer, engine->name,
+                                                        engine->generation);
     /* Copy the list: the calls below must not run under subscribers_lock. */
     pthread_mutex_lock(&engine->subscribers_lock);
     size_t count = 0;
@@ -317,7 +317,7 @@ static void invalidate_peers(ferry_engine_t *engine)
             count++;
     pthread_mutex_unlock(&engine->subscribers_lock);
     ferry_status_t *statuses = calloc(count + 1, sizeof(*statuses));
-    if (writer.failed || targets == NULL || statuses == NULL) {
+    if (written != FERRY_OK || targets == NULL || statuses == NULL) {
         ferry_error("unregister: out of memory; %zu peer(s) not told", count);
         count = 0;
     }

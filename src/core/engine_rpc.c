@@ -15,18 +15,16 @@
 static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *in,
                                    void **reply_p, size_t *reply_length_p)
 {
-    char name[1024], from[300];
-    ferry_wire_get_str(in, name, sizeof(name));
-    ferry_wire_get_str(in, from, sizeof(from));
-    if (in->failed)
+    ferry_rpc_fetch_t m;
+    if (ferry_rpc_fetch_read(in, &m) != FERRY_OK)
         return FERRY_ERR_PROTOCOL;
-    if (name[0] != '\0' && strcmp(name, engine->name) != 0) {
-        ferry_debug("fetch of segment \"%s\" from %s: this engine is \"%s\"", name, from,
+    if (m.name[0] != '\0' && strcmp(m.name, engine->name) != 0) {
+        ferry_debug("fetch of segment \"%s\" from %s: this engine is \"%s\"", m.name, m.from,
                     engine->name);
         return FERRY_ERR_SEGMENT_NOT_FOUND;
     }
     /* A fetcher may copy one-sided next: it must hear our unregisters. */
-    ferry_status_t subscribed = ferry_engine_subscribe(engine, from);
+    ferry_status_t subscribed = ferry_engine_subscribe(engine, m.from);
     if (subscribed != FERRY_OK)
         return subscribed;
     char *json;
@@ -79,13 +77,10 @@ void ferry_engine_notify_deliver(void *engine, const char *from, const void *msg
 
 static ferry_status_t handle_notify(ferry_engine_t *engine, ferry_wire_reader_t *in)
 {
-    char from[256];
-    size_t length;
-    ferry_wire_get_str(in, from, sizeof(from));
-    const void *msg = ferry_wire_get_bytes(in, &length);
-    if (in->failed)
+    ferry_rpc_notify_t m;
+    if (ferry_rpc_notify_read(in, &m) != FERRY_OK)
         return FERRY_ERR_PROTOCOL;
-    return notify_enqueue(engine, from, msg, length);
+    return notify_enqueue(engine, m.from, m.msg, m.length);
 }
 
 ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload, size_t length,
@@ -108,21 +103,18 @@ ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload,
         return handle_notify(engine, &in);
     case FERRY_RPC_PROBE:
         *reply_type_p = FERRY_RPC_PROBE_REPLY;
-        ferry_wire_put_u64(&out, engine->generation);
-        ferry_wire_put_str(&out, engine->name);
+        status = ferry_rpc_probe_reply_write(&out, engine->generation, engine->name);
         *reply_p = out.data;
         *reply_length_p = out.length;
-        return out.failed ? FERRY_ERR_NO_MEMORY : FERRY_OK;
+        return status;
     case FERRY_RPC_INVALIDATE: {
-        char name[1024];
+        ferry_rpc_invalidate_t m;
         *reply_type_p = FERRY_RPC_INVALIDATE_ACK;
-        ferry_wire_get_str(&in, name, sizeof(name));
-        uint64_t generation = ferry_wire_get_u64(&in);
-        if (in.failed)
+        if (ferry_rpc_invalidate_read(&in, &m) != FERRY_OK)
             return FERRY_ERR_PROTOCOL;
         /* Within the owner's wait for our answer (the same setting on
          * both sides by default), with room for the reply. */
-        return ferry_segment_cache_invalidate(engine, name, generation,
+        return ferry_segment_cache_invalidate(engine, m.name, m.generation,
                                               engine->settings.invalidate_timeout_ms * 3 / 4);
     }
     default:
@@ -137,12 +129,8 @@ ferry_status_t ferry_engine_rpc_fetch(void *arg, const char *rpc, const char *na
 {
     ferry_engine_t *engine = arg;
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, name);
-    ferry_wire_put_str(&out, engine->rpc_endpoint);
-    if (out.failed) {
-        free(out.data);
+    if (ferry_rpc_fetch_write(&out, name, engine->rpc_endpoint) != FERRY_OK)
         return FERRY_ERR_NO_MEMORY;
-    }
     size_t length;
     ferry_status_t status = ferry_rpc_call(rpc, FERRY_RPC_FETCH, out.data, out.length,
                                            engine->settings.rpc_timeout_ms,
@@ -188,12 +176,8 @@ ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_desc
     }
     const char *rpc = desc->rpc;
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, engine->name);
-    ferry_wire_put_bytes(&out, msg, length);
-    if (out.failed) {
-        free(out.data);
+    if (ferry_rpc_notify_write(&out, engine->name, msg, length) != FERRY_OK)
         return FERRY_ERR_NO_MEMORY;
-    }
     ferry_status_t status = ferry_rpc_call(rpc, FERRY_RPC_NOTIFY, out.data, out.length,
                                            engine->settings.rpc_timeout_ms,
                                            engine->settings.rpc_max_frame, NULL, NULL);

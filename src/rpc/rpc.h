@@ -115,4 +115,43 @@ const void *ferry_wire_get_bytes(ferry_wire_reader_t *reader, size_t *length_p);
 /* Copies into out (NUL-terminated); fails when it does not fit or holds NUL. */
 void ferry_wire_get_str(ferry_wire_reader_t *reader, char *out, size_t out_size);
 
+/* ---- rpc_message.c: the requests' payloads, written and read in one place ---- */
+
+typedef struct ferry_rpc_fetch {
+    char name[1024]; /* the segment ("": whatever this engine's is) */
+    char from[300];  /* the caller's RPC host:port, for invalidations */
+} ferry_rpc_fetch_t;
+
+typedef struct ferry_rpc_notify {
+    char from[256];
+    const void *msg; /* read: points into the payload */
+    size_t length;
+} ferry_rpc_notify_t;
+
+typedef struct ferry_rpc_invalidate {
+    char name[1024];
+    uint64_t generation;
+} ferry_rpc_invalidate_t;
+
+typedef struct ferry_rpc_probe_reply {
+    uint64_t generation;
+    char name[1024];
+} ferry_rpc_probe_reply_t;
+
+/* Writers take the fields (strings of any length: a reader's bound refuses
+ * what it cannot hold) and leave *out empty on FERRY_ERR_NO_MEMORY.
+ * Readers: FERRY_ERR_PROTOCOL on a truncated or malformed payload, or a
+ * string past its buffer. */
+ferry_status_t ferry_rpc_fetch_write(ferry_wire_writer_t *out, const char *name, const char *from);
+ferry_status_t ferry_rpc_fetch_read(ferry_wire_reader_t *in, ferry_rpc_fetch_t *m);
+ferry_status_t ferry_rpc_notify_write(ferry_wire_writer_t *out, const char *from,
+                                      const void *msg, size_t length);
+ferry_status_t ferry_rpc_notify_read(ferry_wire_reader_t *in, ferry_rpc_notify_t *m);
+ferry_status_t ferry_rpc_invalidate_write(ferry_wire_writer_t *out, const char *name,
+                                          uint64_t generation);
+ferry_status_t ferry_rpc_invalidate_read(ferry_wire_reader_t *in, ferry_rpc_invalidate_t *m);
+ferry_status_t ferry_rpc_probe_reply_write(ferry_wire_writer_t *out, uint64_t generation,
+                                           const char *name);
+ferry_status_t ferry_rpc_probe_reply_read(ferry_wire_reader_t *in, ferry_rpc_probe_reply_t *m);
+
 #endif

@@ -2,10 +2,9 @@
  * The RPC frame parser: what one connection to an engine's RPC listener can
  * send.  The input is the byte stream; frames are read as rpc_server.c
  * reads them (16-byte header through ferry_rpc_header_unpack, then the
- * payload), and each payload goes through the wire reader the way
- * src/core/engine_rpc.c's handlers read it (FETCH, NOTIFY, INVALIDATE; PROBE
- * has no payload), and the way a client reads a PROBE reply.  Keep the
- * reads below in step with engine_rpc.c: same fields, same buffer sizes.
+ * payload), and each payload goes through the readers the engine's
+ * handlers use (src/rpc/rpc_message.c: FETCH, NOTIFY, INVALIDATE; PROBE has
+ * no payload), and the one a client reads a PROBE reply with.
  *
  * Checked: a header that unpacks packs back to the same 16 bytes; a reader
  * never runs past its payload, and fails cleanly (empty strings, NULL
@@ -25,85 +24,70 @@ static void check_reader(const ferry_wire_reader_t *in)
     FUZZ_CHECK(in->offset <= in->length);
 }
 
-/* One string read: terminated inside its buffer, and "" when the read failed. */
-static void get_str(ferry_wire_reader_t *in, char *text, size_t size)
+/* What was read must be what the writer makes of the same fields. */
+static void check_encoding(const ferry_wire_reader_t *in, ferry_wire_writer_t *out,
+                           ferry_status_t written)
 {
-    ferry_wire_get_str(in, text, size);
-    FUZZ_CHECK(strnlen(text, size) < size);
-    if (in->failed)
-        FUZZ_CHECK(text[0] == '\0');
-}
-
-/* What was read must be what a writer makes of the same fields. */
-static void check_encoding(const ferry_wire_reader_t *in, ferry_wire_writer_t *out)
-{
-    FUZZ_CHECK(!out->failed);
+    FUZZ_CHECK(written == FERRY_OK);
     FUZZ_CHECK(out->length == in->offset);
     FUZZ_CHECK(out->length == 0 || memcmp(out->data, in->data, out->length) == 0);
     free(out->data);
 }
 
+/* A string read: terminated inside its buffer. */
+#define CHECK_STRING(field) FUZZ_CHECK(strnlen((field), sizeof(field)) < sizeof(field))
+
 static void read_fetch(ferry_wire_reader_t *in)
 {
-    char name[1024], from[300];
-    get_str(in, name, sizeof(name));
-    get_str(in, from, sizeof(from));
+    ferry_rpc_fetch_t m;
+    ferry_status_t status = ferry_rpc_fetch_read(in, &m);
     check_reader(in);
-    if (in->failed)
+    CHECK_STRING(m.name);
+    CHECK_STRING(m.from);
+    if (status != FERRY_OK)
         return;
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, name);
-    ferry_wire_put_str(&out, from);
-    check_encoding(in, &out);
+    check_encoding(in, &out, ferry_rpc_fetch_write(&out, m.name, m.from));
 }
 
 static void read_notify(ferry_wire_reader_t *in)
 {
-    char from[256];
-    size_t length;
-    get_str(in, from, sizeof(from));
-    const void *msg = ferry_wire_get_bytes(in, &length);
+    ferry_rpc_notify_t m;
+    ferry_status_t status = ferry_rpc_notify_read(in, &m);
     check_reader(in);
-    if (in->failed) {
-        FUZZ_CHECK(msg == NULL && length == 0);
+    CHECK_STRING(m.from);
+    if (status != FERRY_OK) {
+        FUZZ_CHECK(m.msg == NULL && m.length == 0);
         return;
     }
-    FUZZ_CHECK(msg != NULL);
-    FUZZ_CHECK((const uint8_t *)msg + length <= in->data + in->length);
+    FUZZ_CHECK(m.msg != NULL);
+    FUZZ_CHECK((const uint8_t *)m.msg + m.length <= in->data + in->length);
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, from);
-    ferry_wire_put_bytes(&out, msg, length);
-    check_encoding(in, &out);
+    check_encoding(in, &out, ferry_rpc_notify_write(&out, m.from, m.msg, m.length));
 }
 
 static void read_invalidate(ferry_wire_reader_t *in)
 {
-    char name[1024];
-    get_str(in, name, sizeof(name));
-    uint64_t generation = ferry_wire_get_u64(in);
+    ferry_rpc_invalidate_t m;
+    ferry_status_t status = ferry_rpc_invalidate_read(in, &m);
     check_reader(in);
-    if (in->failed) {
-        FUZZ_CHECK(generation == 0);
+    CHECK_STRING(m.name);
+    if (status != FERRY_OK)
         return;
-    }
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_str(&out, name);
-    ferry_wire_put_u64(&out, generation);
-    check_encoding(in, &out);
+    check_encoding(in, &out, ferry_rpc_invalidate_write(&out, m.name, m.generation));
 }
 
 static void read_probe_reply(ferry_wire_reader_t *in)
 {
-    char name[1024];
-    uint64_t generation = ferry_wire_get_u64(in);
-    get_str(in, name, sizeof(name));
+    ferry_rpc_probe_reply_t m;
+    ferry_status_t status = ferry_rpc_probe_reply_read(in, &m);
     check_reader(in);
-    if (in->failed)
+    CHECK_STRING(m.name);
+    if (status != FERRY_OK)
         return;
     ferry_wire_writer_t out = {0};
-    ferry_wire_put_u64(&out, generation);
-    ferry_wire_put_str(&out, name);
-    check_encoding(in, &out);
+    check_encoding(in, &out, ferry_rpc_probe_reply_write(&out, m.generation, m.name));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
