@@ -175,24 +175,32 @@ Test(transfer, batch_of_many_small_requests)
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }
 
+/*
+ * The peer polls for the notify and, the moment it arrives, looks at its
+ * memory: all of the batch's 32 MiB must be there already (a notify sent
+ * when it is attached, not after the data, arrives while they are still
+ * on their way).  Then a plain notify.
+ */
 Test(transfer, notify_attached_to_batch_arrives_after_its_data)
 {
+    enum { N = 4 };
+    const size_t each = 8 * MIB;
     ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 8, &batch), FERRY_OK);
-    test_pattern_fill(local, 8 * MIB, 31);
-    ferry_request_t reqs[4];
-    for (int i = 0; i < 4; i++)
-        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
-                                    .local = local + (size_t)i * 2 * MIB, .target = segment,
-                                    .target_offset = peer.arena + (size_t)i * 2 * MIB,
-                                    .length = 2 * MIB};
-    cr_assert_eq(ferry_batch_submit(batch, reqs, 4), FERRY_OK);
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    test_pattern_fill(local, N * each, 31);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + i * each,
+                                    .target = segment, .target_offset = peer.arena + i * each,
+                                    .length = each};
+    cr_assert_str_eq(peer_cmd(&peer, "notifycheck 60000 0 %zu 31", N * each), "POLLING");
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
     cr_assert_eq(ferry_batch_notify(batch, segment, "done", 4), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
-    /* The peer looks at its memory only once the notify arrived. */
-    cr_assert_eq(strncmp(peer_cmd(&peer, "notify 5000"), "NOTIFY ", 7), 0, "%s", peer.reply);
-    cr_assert(strstr(peer.reply, " done") != NULL, "%s", peer.reply);
-    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 31", 8 * MIB), "OK");
+    peer_reply(&peer);
+    cr_assert_eq(strncmp(peer.reply, "NOTIFY ", 7), 0, "%s", peer.reply);
+    cr_assert(strstr(peer.reply, " done OK") != NULL,
+              "the notify arrived before its batch's data: %s", peer.reply);
 
     cr_assert_eq(ferry_notify_send(engine, segment, "plain", 5), FERRY_OK);
     cr_assert(strstr(peer_cmd(&peer, "notify 5000"), " plain") != NULL, "%s", peer.reply);
@@ -232,6 +240,20 @@ Test(transfer, request_outside_remote_buffers_is_refused)
     ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
                            .target_offset = peer.arena + 70 * MIB - 10, .length = 100};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
+    /* The exact end: a request ending at the buffer's last byte is served,
+     * one ending a byte later is refused (by the initiator, before
+     * anything moves: over shm nobody else would check). */
+    test_pattern_fill(local, 4096, 12);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, peer.arena + 70 * MIB - 4096, 4096), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 12", 70 * MIB - 4096), "OK");
+    test_pattern_fill(local, 4096, 13);
+    req.target_offset = peer.arena + 70 * MIB - 4095;
+    req.length = 4096;
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    req.opcode = FERRY_OP_READ;
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 12", 70 * MIB - 4096), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }
