@@ -409,11 +409,59 @@ Test(metadata, etcd_watch_invalidates_cached_descriptors)
 
 /* ---------------- etcd authentication ---------------- */
 
+static int etcd_post_reply(int port, const char *path, const char *json, char *out, size_t size)
+{
+    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json,
+                     strlen(json), out, size, NULL);
+}
+
 static int etcd_post(int port, const char *path, const char *json)
 {
     char out[4096];
-    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json,
-                     strlen(json), out, sizeof(out), NULL);
+    return etcd_post_reply(port, path, json, out, sizeof(out));
+}
+
+/* The decimal string value of field in etcd's JSON reply (0 if absent). */
+static long long etcd_field(const char *json, const char *field)
+{
+    char quoted[64];
+    snprintf(quoted, sizeof(quoted), "\"%s\":\"", field);
+    const char *at = strstr(json, quoted);
+    return at ? strtoll(at + strlen(quoted), NULL, 10) : 0;
+}
+
+/*
+ * The engine keeps its lease alive: over three TTLs its key stays on the
+ * same lease and is never put again (same mod_revision), and the lease
+ * has time left.  A lease that were only looked at would expire each TTL
+ * and be granted anew with the key republished, which a reader hardly
+ * notices (the segment is back within a period).
+ */
+Test(metadata, etcd_lease_is_kept_alive_not_regranted)
+{
+    require(SERVICE_ETCD);
+    service_t etcd;
+    cr_assert_eq(service_start(&etcd, SERVICE_ETCD, NULL), 0);
+    setenv("FERRY_ETCD_TTL", "2s", 1);
+    ferry_engine_h engine = engine_on(etcd.uri, "kept");
+    char key64[128], range[256], reply[8192];
+    base64_encode("ferry/segments/kept", strlen("ferry/segments/kept"), key64);
+    snprintf(range, sizeof(range), "{\"key\":\"%s\"}", key64);
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/kv/range", range, reply, sizeof(reply)), 200);
+    long long lease = etcd_field(reply, "lease"), revision = etcd_field(reply, "mod_revision");
+    cr_assert(lease != 0 && revision != 0, "the key has no lease: %s", reply);
+
+    sleep(7); /* three TTLs and a half */
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/kv/range", range, reply, sizeof(reply)), 200);
+    cr_assert_eq(etcd_field(reply, "lease"), lease, "the lease was granted again: %s", reply);
+    cr_assert_eq(etcd_field(reply, "mod_revision"), revision, "the key was put again: %s", reply);
+    char id[64];
+    snprintf(id, sizeof(id), "{\"ID\":\"%lld\"}", lease);
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/lease/timetolive", id, reply, sizeof(reply)),
+                 200);
+    cr_assert_gt(etcd_field(reply, "TTL"), 0, "the lease has no time left: %s", reply);
+    ferry_engine_destroy(engine);
+    service_cleanup(&etcd);
 }
 
 Test(metadata, etcd_user_and_password)
