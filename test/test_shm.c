@@ -6,6 +6,7 @@
 
 #include <linux/capability.h>
 #include <signal.h>
+#include <sys/personality.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,4 +382,63 @@ Test(shm, a_live_pid_with_another_start_time_is_never_written)
     peer_stop(&peer);
     stop(); /* the engine leaves the store before the store goes */
     service_cleanup(&metad);
+}
+
+/* Make the next process this one forks get pid (CAP_SYS_ADMIN): 0, or -1. */
+static int next_pid_is(pid_t pid)
+{
+    FILE *file = fopen("/proc/sys/kernel/ns_last_pid", "w");
+    if (file == NULL)
+        return -1;
+    int ok = fprintf(file, "%d", (int)pid - 1) > 0;
+    return fclose(file) == 0 && ok ? 0 : -1;
+}
+
+/*
+ * pid reuse after the first copy: a peer that was written to dies and
+ * another process gets its pid, with memory at the same address (no
+ * address randomization, the same program).  A write through the dead
+ * peer's descriptor must not land in the stranger: shm looks the pid up
+ * again before a copy (when the last look is older than a few ms).
+ */
+Test(shm, a_recycled_pid_is_not_written)
+{
+    personality(ADDR_NO_RANDOMIZE); /* inherited by the peers */
+    start("shm");
+    peer_process_t first, stranger;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 31);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB,
+                                       "shm"),
+                 FERRY_OK);
+    pid_t pid = first.pid;
+    uintptr_t arena = first.arena;
+    peer_kill(&first, SIGKILL);
+
+    int reused = 0;
+    for (int attempt = 0; attempt < 50 && !reused; attempt++) {
+        if (next_pid_is(pid) != 0)
+            cr_skip_test("cannot choose the next pid (/proc/sys/kernel/ns_last_pid)");
+        cr_assert_eq(peer_start(&stranger, NULL), 0);
+        reused = stranger.pid == pid;
+        if (!reused)
+            peer_stop(&stranger); /* another process took the pid first */
+    }
+    if (!reused)
+        cr_skip_test("pid %d was never given to a new peer (a busy machine)", (int)pid);
+    if (stranger.arena != arena)
+        cr_skip_test("the new peer's arena is not where the old one's was");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&stranger, "sum 0 %zu", MIB));
+    usleep(2 * 20 * 1000); /* past the liveness interval */
+    cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment, arena, MIB, "shm",
+                                  NULL),
+                  FERRY_OK, "a write reached pid %d, now another process", (int)pid);
+    cr_assert_str_eq(peer_cmd(&stranger, "sum 0 %zu", MIB), before,
+                     "the process that got the pid was written");
+    ferry_segment_close(engine, segment);
+    peer_stop(&stranger);
 }
