@@ -257,3 +257,30 @@ Test(transfer, request_outside_remote_buffers_is_refused)
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }
+
+/* A read-only remote buffer is never written and a write-only one never
+ * read: refused (FERRY_ERR_REMOTE_REFUSED) before anything moves, which
+ * over shm is the only check there is.  The allowed direction works. */
+Test(transfer, remote_flags_are_kept)
+{
+    const size_t ro = 72 * MIB, wo = 76 * MIB;
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu r", ro, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", wo, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 41", ro, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 42", wo, MIB), "OK");
+    test_pattern_fill(local, MIB, 43);
+    cr_assert_eq(one_request(engine, FERRY_OP_WRITE, local, segment, peer.arena + ro, MIB, NULL),
+                 FERRY_ERR_REMOTE_REFUSED, "a write into a read-only buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 41", ro, MIB), "OK",
+                     "the read-only buffer was written");
+    memset(local + MIB, 0, MIB);
+    cr_assert_eq(one_request(engine, FERRY_OP_READ, local + MIB, segment, peer.arena + wo, MIB,
+                             NULL),
+                 FERRY_ERR_REMOTE_REFUSED, "a read of a write-only buffer");
+    cr_assert_eq(test_pattern_check(local + MIB, MIB, 42), 0, "the write-only buffer was read");
+
+    cr_assert_eq(transfer(FERRY_OP_READ, local + MIB, peer.arena + ro, MIB), FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + MIB, MIB, 41), SIZE_MAX);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, peer.arena + wo, MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 43", wo, MIB), "OK");
+}
