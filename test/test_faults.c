@@ -3,6 +3,7 @@
 #include <ferry/ferry.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -241,10 +242,13 @@ static int response_status(int fd, uint64_t id)
     return (int32_t)ferry_tcp_get32(msg + 8);
 }
 
+/* The other side closed (or reset) the connection; a receive that timed
+ * out (SO_RCVTIMEO) is a side still waiting for more, not a close. */
 static int closed_by_peer(int fd)
 {
     char c;
-    return recv(fd, &c, 1, 0) <= 0;
+    ssize_t n = recv(fd, &c, 1, 0);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 Test(faults, hostile_frames_touch_nothing_and_leave_the_target_serving)
