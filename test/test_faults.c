@@ -407,7 +407,8 @@ Test(faults, the_tcp_target_checks_the_flags_and_the_exact_ends_of_buffers)
 {
     peer_process_t peer;
     ferry_segment_h segment;
-    cr_assert_eq(peer_start(&peer, NULL), 0);
+    static const char *const env[] = {"FERRY_TCP_MAX_SLICE=1m", NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
     fill_regions(&peer, 5 * MIB);
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu r", MIB), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", 2 * MIB, MIB), "OK");
@@ -434,6 +435,15 @@ Test(faults, the_tcp_target_checks_the_flags_and_the_exact_ends_of_buffers)
     cr_assert_lt(raw_read(fd, 10, rw - 1, 2), 0, "a READ starting one byte before");
     close(fd);
     check_regions(&peer, 5 * MIB);
+
+    /* A request longer than the target's FERRY_TCP_MAX_SLICE (1 MiB here),
+     * inside a buffer: a protocol error, the connection is closed unserved. */
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 6 * MIB, 2 * MIB), "OK");
+    fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation), 0);
+    request(fd, FERRY_TCP_OP_READ, 11, peer.arena + 6 * MIB, MIB + 1);
+    cr_assert(closed_by_peer(fd), "a READ longer than the largest slice was served");
+    close(fd);
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
 }
