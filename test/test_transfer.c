@@ -284,3 +284,33 @@ Test(transfer, remote_flags_are_kept)
     cr_assert_eq(transfer(FERRY_OP_WRITE, local, peer.arena + wo, MIB), FERRY_OK);
     cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 43", wo, MIB), "OK");
 }
+
+/* A batch sent again (the same request) after the owner unregistered the
+ * buffer its last round wrote: the owner's INVALIDATE replaced the
+ * descriptor, so the round is not sent with the old one; the write is
+ * refused and the memory, the owner's alone now, keeps what it put there
+ * (over shm nobody else would refuse it). */
+Test(transfer, a_batch_sent_again_does_not_reuse_a_replaced_descriptor)
+{
+    const size_t off = 72 * MIB, length = 64 * 1024;
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", off, MIB), "OK");
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    test_pattern_fill(local, length, 45);
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                           .target_offset = peer.arena + off, .length = length};
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+        cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 45", off, length), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", off), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 46", off, length), "OK");
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    cr_assert_neq(status, FERRY_OK, "a write to an unregistered buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 46", off, length), "OK",
+                     "the unregistered buffer was written");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
