@@ -344,6 +344,27 @@ Test(metadata, redis_killed_process_vanishes_after_ttl)
     service_cleanup(&redis);
 }
 
+/* The engine renews its key's expiry: over three TTLs and a half the key
+ * is there at every look (every 50 ms).  An expiry only looked at, not
+ * renewed, lets the key lapse each TTL until the engine puts it again. */
+Test(metadata, redis_expiry_is_renewed_not_lost)
+{
+    require(SERVICE_REDIS);
+    service_t redis;
+    cr_assert_eq(service_start(&redis, SERVICE_REDIS, NULL), 0);
+    setenv("FERRY_REDIS_TTL", "2s", 1);
+    ferry_engine_h engine = engine_on(redis.uri, "renewed");
+    const char *exists[] = {"EXISTS", "ferry/segments/renewed"};
+    char out[64];
+    int looks = 0;
+    for (double end = now() + 7.0; now() < end; usleep(50000), looks++) {
+        cr_assert_eq(redis_call(redis.port, 2, exists, NULL, out, sizeof(out), NULL), ':');
+        cr_assert_eq(atol(out), 1, "the key lapsed after %d looks", looks);
+    }
+    ferry_engine_destroy(engine);
+    service_cleanup(&redis);
+}
+
 /* etcd restarted without its data: the lease is regranted (the segment is
  * back, on a live lease: it still goes away when its owner is killed). */
 Test(metadata, etcd_data_loss_regrants_the_lease)
