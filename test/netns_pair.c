@@ -225,8 +225,10 @@ int netns_pair_create(netns_pair_t *pair, char *why, size_t why_len)
     }
     int err = private_mounts_work();
     if (err != 0) {
-        snprintf(why, why_len, "no mounts of its own for a namespace (mount --make-rslave /: "
-                 "%s; a chroot's / that is not a mount point)", strerror(err));
+        snprintf(why, why_len,
+                 "no mounts of its own for a namespace (mount --make-rslave /: "
+                 "%s; a chroot's / that is not a mount point)",
+                 strerror(err));
         netns_pair_destroy(pair);
         return NETNS_UNAVAILABLE;
     }

@@ -529,9 +529,9 @@ Test(cxl, a_copy_across_the_end_of_an_allocation_is_refused)
     test_pattern_fill(local, 8192, 5);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, "longer", &segment), FERRY_OK);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + peer.arena_size - 4096,
-                          8192, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a write across the allocation's end");
+    cr_assert_eq(
+        transfer(FERRY_OP_WRITE, local, segment, peer.arena + peer.arena_size - 4096, 8192, NULL),
+        FERRY_ERR_OUT_OF_RANGE, "a write across the allocation's end");
     cr_assert(all_zero(after, 64 * 1024), "the chunk after the allocation was written");
     cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 66", peer.arena_size), "OK",
                      "the allocation's last chunk was written");

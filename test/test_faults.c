@@ -54,8 +54,8 @@ static ferry_status_t one_via(ferry_engine_h e, ferry_opcode_t op, void *buf,
 {
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(e, 1, &batch), FERRY_OK);
-    ferry_request_t req = {.opcode = op, .local = buf, .target = segment,
-                           .target_offset = remote, .length = length};
+    ferry_request_t req = {
+        .opcode = op, .local = buf, .target = segment, .target_offset = remote, .length = length};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 30000);
@@ -469,10 +469,8 @@ Test(faults, the_tcp_target_refuses_what_a_forged_descriptor_claims)
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu r", MIB), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", 2 * MIB, MIB), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 4 * MIB, 2 * MIB), "OK");
-    forged_store_publish(metad.port, "honest", "writable", "\"access\":\"r\"",
-                         "\"access\":\"rw\"");
-    forged_store_publish(metad.port, "honest", "readable", "\"access\":\"w\"",
-                         "\"access\":\"rw\"");
+    forged_store_publish(metad.port, "honest", "writable", "\"access\":\"r\"", "\"access\":\"rw\"");
+    forged_store_publish(metad.port, "honest", "readable", "\"access\":\"w\"", "\"access\":\"rw\"");
     char longer[64];
     snprintf(longer, sizeof(longer), "\"length\":\"%zu\"", 2 * MIB + 4096);
     forged_store_publish(metad.port, "honest", "longer", "\"length\":\"2097152\"", longer);
@@ -495,8 +493,8 @@ Test(faults, the_tcp_target_refuses_what_a_forged_descriptor_claims)
                  "a WRITE ending at the last byte");
     cr_assert_eq(one_via(initiator, FERRY_OP_WRITE, local, past, end - 4095, 4096),
                  FERRY_ERR_REMOTE_REFUSED, "a WRITE ending one byte past the buffer");
-    cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, past, end - 4096, 4096),
-                 FERRY_OK, "a READ ending at the last byte");
+    cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, past, end - 4096, 4096), FERRY_OK,
+                 "a READ ending at the last byte");
     cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, past, end - 4095, 4096),
                  FERRY_ERR_REMOTE_REFUSED, "a READ ending one byte past the buffer");
     cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 9", end - peer.arena - 4096), "OK");

@@ -432,8 +432,8 @@ Test(metadata, etcd_watch_invalidates_cached_descriptors)
 
 static int etcd_post_reply(int port, const char *path, const char *json, char *out, size_t size)
 {
-    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json,
-                     strlen(json), out, size, NULL);
+    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json, strlen(json),
+                     out, size, NULL);
 }
 
 static int etcd_post(int port, const char *path, const char *json)
@@ -478,8 +478,7 @@ Test(metadata, etcd_lease_is_kept_alive_not_regranted)
     cr_assert_eq(etcd_field(reply, "mod_revision"), revision, "the key was put again: %s", reply);
     char id[64];
     snprintf(id, sizeof(id), "{\"ID\":\"%lld\"}", lease);
-    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/lease/timetolive", id, reply, sizeof(reply)),
-                 200);
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/lease/timetolive", id, reply, sizeof(reply)), 200);
     cr_assert_gt(etcd_field(reply, "TTL"), 0, "the lease has no time left: %s", reply);
     ferry_engine_destroy(engine);
     service_cleanup(&etcd);

@@ -79,8 +79,7 @@ static void start(const char *transports, const char *host_a, const char *host_b
     int made = netns_pair_create(&pair, why, sizeof(why));
     if (made == NETNS_UNAVAILABLE) {
         /* Criterion does not print a skip's reason unless verbose. */
-        fprintf(stderr, "test_netns: skipped: network namespaces cannot be set up here: %s\n",
-                why);
+        fprintf(stderr, "test_netns: skipped: network namespaces cannot be set up here: %s\n", why);
         cr_skip_test("%s", why);
     }
     cr_assert_eq(made, NETNS_OK, "%s", why);

@@ -358,23 +358,22 @@ Test(shm, a_live_pid_with_another_start_time_is_never_written)
     cr_assert_eq(ferry_segment_open(engine, "reused", &reused), FERRY_OK);
     test_pattern_fill(local, MIB, 22);
     for (int i = 0; i < 3; i++) {
-        ferry_status_t status = one_request_via(engine, FERRY_OP_WRITE, local, reused,
-                                                peer.arena, MIB, "shm", NULL);
+        ferry_status_t status =
+            one_request_via(engine, FERRY_OP_WRITE, local, reused, peer.arena, MIB, "shm", NULL);
         cr_assert_neq(status, FERRY_OK, "write %d reached pid %d through %s", i, (int)peer.pid,
                       forged);
         /* past the liveness interval: a later write is a new look */
         usleep(2 * 20 * 1000);
     }
     memset(local + MIB, 0, MIB);
-    cr_assert_neq(one_request_via(engine, FERRY_OP_READ, local + MIB, reused, peer.arena, MIB,
-                                  "shm", NULL),
-                  FERRY_OK);
+    cr_assert_neq(
+        one_request_via(engine, FERRY_OP_READ, local + MIB, reused, peer.arena, MIB, "shm", NULL),
+        FERRY_OK);
     cr_assert(all_zero_bytes(local + MIB, MIB), "a read through the stale entry got data");
     cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 21", MIB), "OK", "the process was written");
 
     cr_assert_eq(ferry_segment_open(engine, "honest", &real), FERRY_OK);
-    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, real, peer.arena, MIB,
-                                       "shm"),
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, real, peer.arena, MIB, "shm"),
                  FERRY_OK, "the honest descriptor of the same process");
     cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 22", MIB), "OK");
     ferry_segment_close(engine, reused);
@@ -411,9 +410,9 @@ Test(shm, a_recycled_pid_is_not_written)
     cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
     cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
     test_pattern_fill(local, MIB, 31);
-    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB,
-                                       "shm"),
-                 FERRY_OK);
+    cr_assert_eq(
+        one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB, "shm"),
+        FERRY_OK);
     pid_t pid = first.pid;
     uintptr_t arena = first.arena;
     peer_kill(&first, SIGKILL);
@@ -434,8 +433,7 @@ Test(shm, a_recycled_pid_is_not_written)
     char before[64];
     snprintf(before, sizeof(before), "%s", peer_cmd(&stranger, "sum 0 %zu", MIB));
     usleep(2 * 20 * 1000); /* past the liveness interval */
-    cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment, arena, MIB, "shm",
-                                  NULL),
+    cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment, arena, MIB, "shm", NULL),
                   FERRY_OK, "a write reached pid %d, now another process", (int)pid);
     cr_assert_str_eq(peer_cmd(&stranger, "sum 0 %zu", MIB), before,
                      "the process that got the pid was written");

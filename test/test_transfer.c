@@ -190,8 +190,10 @@ Test(transfer, notify_attached_to_batch_arrives_after_its_data)
     test_pattern_fill(local, N * each, 31);
     ferry_request_t reqs[N];
     for (int i = 0; i < N; i++)
-        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + i * each,
-                                    .target = segment, .target_offset = peer.arena + i * each,
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + i * each,
+                                    .target = segment,
+                                    .target_offset = peer.arena + i * each,
                                     .length = each};
     cr_assert_str_eq(peer_cmd(&peer, "notifycheck 60000 0 %zu 31", N * each), "POLLING");
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
@@ -274,9 +276,9 @@ Test(transfer, remote_flags_are_kept)
     cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 41", ro, MIB), "OK",
                      "the read-only buffer was written");
     memset(local + MIB, 0, MIB);
-    cr_assert_eq(one_request(engine, FERRY_OP_READ, local + MIB, segment, peer.arena + wo, MIB,
-                             NULL),
-                 FERRY_ERR_REMOTE_REFUSED, "a read of a write-only buffer");
+    cr_assert_eq(
+        one_request(engine, FERRY_OP_READ, local + MIB, segment, peer.arena + wo, MIB, NULL),
+        FERRY_ERR_REMOTE_REFUSED, "a read of a write-only buffer");
     cr_assert_eq(test_pattern_check(local + MIB, MIB, 42), 0, "the write-only buffer was read");
 
     cr_assert_eq(transfer(FERRY_OP_READ, local + MIB, peer.arena + ro, MIB), FERRY_OK);
@@ -297,8 +299,11 @@ Test(transfer, a_batch_sent_again_does_not_reuse_a_replaced_descriptor)
     ferry_batch_h batch;
     cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
     test_pattern_fill(local, length, 45);
-    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
-                           .target_offset = peer.arena + off, .length = length};
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE,
+                           .local = local,
+                           .target = segment,
+                           .target_offset = peer.arena + off,
+                           .length = length};
     for (int round = 0; round < 2; round++) {
         cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
         cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);

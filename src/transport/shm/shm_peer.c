@@ -44,8 +44,7 @@ static void peer_probe(ferry_shm_t *shm, ferry_shm_peer_t *p, const char *name)
         return;
     }
     if (p->start_time == 0 || ferry_process_start_time(p->pid) != p->start_time) {
-        ferry_info("shm: peer %s (pid %ld, started at %llu) is gone", name, p->pid,
-                   p->start_time);
+        ferry_info("shm: peer %s (pid %ld, started at %llu) is gone", name, p->pid, p->start_time);
         p->gone = 1;
         return;
     }
