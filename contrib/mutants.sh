@@ -35,7 +35,7 @@ while getopts "l:fc:t:j:kn" opt; do
     case $opt in
     l) list=$(cd "$(dirname "$OPTARG")" && pwd)/$(basename "$OPTARG") ;;
     f) full=1 ;;
-    c) configure_args+=($OPTARG) ;;
+    c) read -ra words <<<"$OPTARG" && configure_args+=("${words[@]}") ;;
     t) limit=$OPTARG ;;
     j) jobs=$OPTARG ;;
     k) keep=1 ;;
@@ -62,7 +62,7 @@ flush() {
     names+=("$name") files+=("$file") froms+=("$from") tos+=("$to")
     testss+=("$tests") filters+=("$filter") whys+=("$why")
 }
-reset_block() { name= file= from= to= tests= filter= why= key= has_to=0; }
+reset_block() { name='' file='' from='' to='' tests='' filter='' why='' key='' has_to=0; }
 reset_block
 while IFS= read -r line || [ -n "$line" ]; do
     case $line in
@@ -140,11 +140,13 @@ substitute() {
 }
 
 echo "configuring and building the scratch copy..."
-(cd "$scratch" && ./autogen.sh >"$scratch/logs/build.log" 2>&1 && mkdir -p build && cd build &&
-    ../configure --quiet "${configure_args[@]}" >>"$scratch/logs/build.log" 2>&1) &&
-    build "$scratch/logs/build.log" ||
-    { echo "mutants.sh: the unmutated tree does not build (logs/build.log):" >&2;
-      tail -20 "$scratch/logs/build.log" >&2; exit 2; }
+if ! (cd "$scratch" && ./autogen.sh >"$scratch/logs/build.log" 2>&1 && mkdir -p build &&
+    cd build && ../configure --quiet "${configure_args[@]}" >>"$scratch/logs/build.log" 2>&1) ||
+    ! build "$scratch/logs/build.log"; then
+    echo "mutants.sh: the unmutated tree does not build (logs/build.log):" >&2
+    tail -20 "$scratch/logs/build.log" >&2
+    exit 2
+fi
 
 selected=()
 for i in "${!names[@]}"; do
@@ -188,7 +190,7 @@ for i in "${selected[@]}"; do
             verdict=BROKEN
         else
             tests=${testss[$i]} filter=${filters[$i]}
-            [ "$full" = 1 ] && tests= filter=
+            [ "$full" = 1 ] && tests='' filter=''
             run_tests "$log" "$tests" "$filter"
             case $? in
             0) verdict=SURVIVED ;;

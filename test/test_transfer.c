@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "one_request.h"
 #include "peer_process.h"
@@ -317,5 +318,37 @@ Test(transfer, a_batch_sent_again_does_not_reuse_a_replaced_descriptor)
     cr_assert_neq(status, FERRY_OK, "a write to an unregistered buffer");
     cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 46", off, length), "OK",
                      "the unregistered buffer was written");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ferry_batch_wait returns when its batch completes, not at its time limit:
+ * one small write, then four, each waited for with a 60 s limit, return
+ * long before it (20 s: a generous bound on a busy machine). */
+Test(transfer, wait_returns_when_the_batch_completes)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 4, &batch), FERRY_OK);
+    test_pattern_fill(local, 4 * 4096, 47);
+    ferry_request_t reqs[4];
+    for (int i = 0; i < 4; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + i * 4096,
+                                    .target = segment,
+                                    .target_offset = peer.arena + i * 4096,
+                                    .length = 4096};
+    for (size_t n = 1; n <= 4; n += 3) {
+        double start = now();
+        cr_assert_eq(ferry_batch_submit(batch, reqs, n), FERRY_OK);
+        cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+        cr_assert_lt(now() - start, 20.0, "a wait for %zu write(s) took %.1f s", n, now() - start);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %d 47", 4 * 4096), "OK");
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }
