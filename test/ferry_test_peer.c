@@ -5,6 +5,8 @@
  * and then answers one line per command read from stdin:
  *   reg OFF LEN [r|w|rw]  unreg OFF       fill OFF LEN SEED   check OFF LEN SEED
  *   sum OFF LEN           notify MS       quit
+ *   notifycheck MS OFF LEN SEED (replies POLLING, then on the notify's arrival
+ *     checks the bytes at that moment: NOTIFY <from> <text> OK or BAD <index>)
  *   alloc LEN [LOCATION] (ferry_alloc, "cpu" by default; replies ALLOC <hex address>)
  *   free 0xADDRESS
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
@@ -26,6 +28,48 @@
 #include "../src/util/tsan_annotate.h"
 #include "netns_pair.h"
 #include "test_pattern.h"
+
+/* The first index in [0, length) where p lacks the pattern, SIZE_MAX if
+ * none: the end of every MiB first (the last bytes of a transfer arrive
+ * last), so bytes still on their way are seen before they can arrive. */
+static size_t late_bytes(const unsigned char *p, size_t length, unsigned seed)
+{
+    const size_t step = (size_t)1 << 20, tail = 4096;
+    for (size_t end = length; end > 0; end = end > step ? end - step : 0) {
+        for (size_t i = end > tail ? end - tail : 0; i < end; i++)
+            if (p[i] != test_pattern_byte(i, seed))
+                return i;
+    }
+    return test_pattern_check(p, length, seed);
+}
+
+/* Poll (without sleeping) for one notify for up to ms; the moment it is
+ * here, are the bytes too? */
+static void notify_check(ferry_engine_h engine, unsigned long long ms, const unsigned char *p,
+                         size_t length, unsigned seed)
+{
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    ferry_notify_t msg;
+    size_t count = 0;
+    for (;;) {
+        ferry_notify_recv(engine, &msg, 1, &count);
+        if (count)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((unsigned long long)((now.tv_sec - start.tv_sec) * 1000 +
+                                 (now.tv_nsec - start.tv_nsec) / 1000000) > ms)
+            break;
+    }
+    size_t bad = count ? late_bytes(p, length, seed) : SIZE_MAX;
+    if (count == 0)
+        printf("NONE\n");
+    else if (bad == SIZE_MAX)
+        printf("NOTIFY %s %.*s OK\n", msg.from, (int)msg.length, (char *)msg.msg);
+    else
+        printf("NOTIFY %s %.*s BAD %zu\n", msg.from, (int)msg.length, (char *)msg.msg, bad);
+    fflush(stdout);
+}
 
 int main(int argc, char **argv)
 {
@@ -133,6 +177,13 @@ int main(int argc, char **argv)
             else
                 printf("NONE\n");
             fflush(stdout);
+            continue;
+        } else if (strcmp(cmd, "notifycheck") == 0 && n == 4 && b + c <= arena_size) {
+            unsigned seed = 0;
+            sscanf(line, "%*s %*s %*s %*s %u", &seed);
+            printf("POLLING\n");
+            fflush(stdout);
+            notify_check(engine, a, arena + b, (size_t)c, seed);
             continue;
         } else if (strcmp(cmd, "quit") == 0) {
             break;

@@ -186,6 +186,24 @@ static void remove_stale(const netns_pair_t *pair, const char *dir, const char *
     closedir(d);
 }
 
+/* Whether a process can have mounts of its own, as ip -n and netns_enter
+ * need: a child unshares its mount namespace and makes / a slave of the
+ * machine's.  In a chroot whose / is not a mount point that fails (EINVAL).
+ * 0, or the errno. */
+static int private_mounts_work(void)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return errno;
+    if (pid == 0) {
+        if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
+            _exit(errno > 0 && errno < 256 ? errno : 255);
+        _exit(0);
+    }
+    int status = reap(pid, now_ms() + IP_TIMEOUT_MS);
+    return status == 0 ? 0 : status > 0 ? status : EIO;
+}
+
 int netns_pair_create(netns_pair_t *pair, char *why, size_t why_len)
 {
     memset(pair, 0, sizeof(*pair));
@@ -202,6 +220,15 @@ int netns_pair_create(netns_pair_t *pair, char *why, size_t why_len)
     pair->root_mnt = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (pair->root_net < 0 || pair->root_mnt < 0) {
         snprintf(why, why_len, "/proc/self/ns: %s", strerror(errno));
+        netns_pair_destroy(pair);
+        return NETNS_UNAVAILABLE;
+    }
+    int err = private_mounts_work();
+    if (err != 0) {
+        snprintf(why, why_len,
+                 "no mounts of its own for a namespace (mount --make-rslave /: "
+                 "%s; a chroot's / that is not a mount point)",
+                 strerror(err));
         netns_pair_destroy(pair);
         return NETNS_UNAVAILABLE;
     }

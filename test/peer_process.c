@@ -79,6 +79,13 @@ const char *peer_cmd(peer_process_t *peer, const char *fmt, ...)
     return peer->reply;
 }
 
+const char *peer_reply(peer_process_t *peer)
+{
+    if (read_line(peer, peer->reply, sizeof(peer->reply)) != 0)
+        snprintf(peer->reply, sizeof(peer->reply), "NO REPLY");
+    return peer->reply;
+}
+
 void peer_kill(peer_process_t *peer, int sig)
 {
     if (peer->pid <= 0)

@@ -21,6 +21,8 @@ int peer_start(peer_process_t *peer, const char *const *env);
 /* Send one command line, wait (bounded) for one reply line; returns reply. */
 const char *peer_cmd(peer_process_t *peer, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The next reply line of a command that answers more than one (bounded). */
+const char *peer_reply(peer_process_t *peer);
 void peer_kill(peer_process_t *peer, int sig);
 void peer_stop(peer_process_t *peer);
 /* The RPC port inside a p2p name "host:port". */

@@ -35,6 +35,15 @@ Test(api, stale_and_foreign_handles_are_errors)
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_ERR_INVALID_HANDLE, "freed batch");
     cr_assert_eq(ferry_batch_wait(batch, 0), FERRY_ERR_INVALID_HANDLE);
+    /* Its slot given to a new batch (handles reuse freed slots, the newest
+     * first): the old handle differs only in its generation, and names
+     * nothing still. */
+    ferry_batch_h reused;
+    cr_assert_eq(ferry_batch_create(b, 4, &reused), FERRY_OK);
+    cr_assert_eq((uint32_t)(uintptr_t)reused, (uint32_t)(uintptr_t)batch, "slot not reused");
+    cr_assert_eq(ferry_batch_wait(batch, 0), FERRY_ERR_INVALID_HANDLE, "a reused slot");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_ERR_INVALID_HANDLE, "a reused slot");
+    cr_assert_eq(ferry_batch_destroy(reused), FERRY_OK, "the new batch is still there");
     /* made-up handles */
     cr_assert_eq(ferry_batch_submit((ferry_batch_h)(uintptr_t)0xdeadbeefcafeull, &req, 1),
                  FERRY_ERR_INVALID_HANDLE);

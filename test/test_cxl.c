@@ -498,6 +498,57 @@ Test(cxl, forged_and_stale_keys_are_refused_and_nothing_outside_is_written)
     service_cleanup(&metad);
 }
 
+/*
+ * A copy that starts in an allocation's last chunk and ends in the next
+ * one (free here), sent because a forged descriptor says the buffer is
+ * longer: the window's own bounds (the allocation's chunk count) refuse
+ * it, and neither chunk changes.
+ */
+Test(cxl, a_copy_across_the_end_of_an_allocation_is_refused)
+{
+    /* The window's own bounds, behind the owner's confirmation, which
+     * would refuse this forged descriptor before it is used. */
+    setenv("FERRY_CONFIRM_DESCRIPTORS", "no", 1);
+    service_t metad;
+    service_start_forgery_store(&metad);
+    start(WINDOW_SIZE, "cxl");
+    peer_process_t peer;
+    static const char *const env[] = {"FERRY_TEST_PEER_ALLOC=cxl", "FERRY_SEGMENT_NAME=honest",
+                                      NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "fill 0 %zu 66", peer.arena_size), "OK");
+    static char json[1 << 17];
+    fetch_honest(metad.port, json, sizeof(json));
+    uint64_t off;
+    const char *key = cxl_key_of(json, peer.arena);
+    cr_assert(key != NULL && sscanf(key, "%" SCNx64 "@", &off) == 1, "%s", json);
+    char from[64], to[64];
+    snprintf(from, sizeof(from), "\"length\":\"%zu\"", peer.arena_size);
+    snprintf(to, sizeof(to), "\"length\":\"%zu\"", peer.arena_size + 64 * 1024);
+    publish_forged(metad.port, json, "longer", 0, NULL, from, to);
+    const unsigned char *window = map_window(window_path, WINDOW_SIZE);
+    const unsigned char *after = window + off + peer.arena_size;
+    cr_assert(all_zero(after, 64 * 1024), "the chunks after the allocation are not free");
+
+    unsigned char *local = malloc(8192);
+    cr_assert_not_null(local);
+    test_pattern_fill(local, 8192, 5);
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, "longer", &segment), FERRY_OK);
+    cr_assert_eq(
+        transfer(FERRY_OP_WRITE, local, segment, peer.arena + peer.arena_size - 4096, 8192, NULL),
+        FERRY_ERR_OUT_OF_RANGE, "a write across the allocation's end");
+    cr_assert(all_zero(after, 64 * 1024), "the chunk after the allocation was written");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 66", peer.arena_size), "OK",
+                     "the allocation's last chunk was written");
+    ferry_segment_close(engine, segment);
+    munmap((void *)window, WINDOW_SIZE);
+    free(local);
+    peer_stop(&peer);
+    stop(); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
+}
+
 /* Through the p2p store the owner tells us it freed the buffer: the next
  * request finds it gone; the other buffer goes on. */
 Test(cxl, a_freed_buffer_is_refused_and_others_work)

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -16,7 +17,9 @@
 
 #include "../src/transport/tcp/tcp.h"
 #include "capture_stderr.h"
+#include "forged_store.h"
 #include "peer_process.h"
+#include "service_process.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -48,17 +51,24 @@ static void teardown(void)
 
 TestSuite(faults, .init = setup, .fini = teardown, .timeout = 120);
 
-static ferry_status_t write_once(ferry_segment_h segment, uint64_t remote, size_t length)
+/* One request through engine e; its status. */
+static ferry_status_t one_via(ferry_engine_h e, ferry_opcode_t op, void *buf,
+                              ferry_segment_h segment, uint64_t remote, size_t length)
 {
     ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
-                           .target_offset = remote, .length = length};
+    cr_assert_eq(ferry_batch_create(e, 1, &batch), FERRY_OK);
+    ferry_request_t req = {
+        .opcode = op, .local = buf, .target = segment, .target_offset = remote, .length = length};
     ferry_status_t status = ferry_batch_submit(batch, &req, 1);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 30000);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     return status;
+}
+
+static ferry_status_t write_once(ferry_segment_h segment, uint64_t remote, size_t length)
+{
+    return one_via(engine, FERRY_OP_WRITE, local, segment, remote, length);
 }
 
 /* Start writes of `count` x 64 MiB, hurt the peer, and time the failure. */
@@ -82,6 +92,7 @@ static void check_failure_within_bound(int sig)
                                     .target = victim_seg, .target_offset = victim.arena,
                                     .length = 64 * MIB};
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_ERR_BUSY, "destroyed with 4 GiB in flight");
     usleep(50000);
     double start = now();
     peer_kill(&victim, sig);
@@ -123,6 +134,11 @@ Test(faults, frozen_peer_fails_in_flight_requests_within_timeout)
 
 Test(faults, restarted_peer_is_reached_again)
 {
+    /* Inherited by the peers: the second one's arena is where the first
+     * one's was, so the cached descriptor still holds the range and the
+     * request goes out to the old incarnation: the transport's failure
+     * (its tcp endpoint is gone) makes the engine refresh and retry once. */
+    personality(ADDR_NO_RANDOMIZE);
     peer_process_t first, second;
     ferry_segment_h segment;
     cr_assert_eq(peer_start(&first, NULL), 0);
@@ -137,6 +153,7 @@ Test(faults, restarted_peer_is_reached_again)
     const char *env[] = {address, NULL};
     cr_assert_eq(peer_start(&second, env), 0);
     cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
+    cr_assert_eq(second.arena, first.arena, "no address randomization, the same arena");
     cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
     /* No refresh by the user: the engine notices the new generation. */
     test_pattern_fill(local, MIB, 2);
@@ -247,10 +264,13 @@ static int response_status(int fd, uint64_t id)
     return (int32_t)ferry_tcp_get32(msg + 8);
 }
 
+/* The other side closed (or reset) the connection; a receive that timed
+ * out (SO_RCVTIMEO) is a side still waiting for more, not a close. */
 static int closed_by_peer(int fd)
 {
     char c;
-    return recv(fd, &c, 1, 0) <= 0;
+    ssize_t n = recv(fd, &c, 1, 0);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 /* The peer closed fd (EOF or reset), without waiting. */
@@ -576,4 +596,173 @@ Test(faults_logged, initiator_reconnects_when_the_target_closes_idle_connections
     cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 5", MIB), "OK");
     ferry_segment_close(engine, w.segment);
     peer_stop(&peer);
+}
+
+/* The peer's tcp endpoint and generation, from its descriptor. */
+static void tcp_endpoint_of(ferry_segment_h segment, char *endpoint, size_t size,
+                            uint64_t *generation_p)
+{
+    char *json;
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    const char *tcp = strstr(json, "\"tcp\":\"");
+    cr_assert_not_null(tcp);
+    snprintf(endpoint, size, "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
+    *generation_p = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
+    free(json);
+}
+
+/* A WRITE of length bytes at addr on a raw connection, payload sent: the
+ * target's status. */
+static int raw_write(int fd, uint64_t id, uint64_t addr, size_t length)
+{
+    static unsigned char junk[8192];
+    memset(junk, 0xee, sizeof(junk));
+    cr_assert_leq(length, sizeof(junk));
+    request(fd, FERRY_TCP_OP_WRITE, id, addr, length);
+    cr_assert_eq(send(fd, junk, length, MSG_NOSIGNAL), (ssize_t)length);
+    return response_status(fd, id);
+}
+
+/* A READ on a raw connection: the target's status (the data is read). */
+static int raw_read(int fd, uint64_t id, uint64_t addr, size_t length)
+{
+    static unsigned char data[8192];
+    cr_assert_leq(length, sizeof(data));
+    request(fd, FERRY_TCP_OP_READ, id, addr, length);
+    int status = response_status(fd, id);
+    if (status == 0)
+        cr_assert_eq(recv_exact(fd, data, length), 0);
+    return status;
+}
+
+/* The peer's arena around the buffers these tests register (read-only at
+ * 0, write-only at 2 MiB, read-write at 4 MiB up to rw_end): a pattern in
+ * [0, 2M) (the read-only buffer and after it), [2M, 4M) (the write-only
+ * buffer and up to the read-write one) and [rw_end, 8M). */
+static void fill_regions(peer_process_t *peer, size_t rw_end)
+{
+    cr_assert_str_eq(peer_cmd(peer, "fill 0 %zu 4", 2 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(peer, "fill %zu %zu 5", 2 * MIB, 2 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(peer, "fill %zu %zu 7", rw_end, 8 * MIB - rw_end), "OK");
+}
+
+static void check_regions(peer_process_t *peer, size_t rw_end)
+{
+    cr_assert_str_eq(peer_cmd(peer, "check 0 %zu 4", 2 * MIB), "OK",
+                     "the read-only buffer (or past it) was written");
+    cr_assert_str_eq(peer_cmd(peer, "check %zu %zu 5", 2 * MIB, 2 * MIB), "OK",
+                     "memory before the read-write buffer was written");
+    cr_assert_str_eq(peer_cmd(peer, "check %zu %zu 7", rw_end, 8 * MIB - rw_end), "OK",
+                     "memory past the read-write buffer was written");
+}
+
+/*
+ * The tcp target's own checks, on requests no well-behaved initiator sends:
+ * a WRITE into a read-only buffer and a READ of a write-only one are
+ * refused; a request ending at a buffer's last byte is served, one ending
+ * a byte later (or starting a byte before it) is refused; nothing refused
+ * touches memory.
+ */
+Test(faults, the_tcp_target_checks_the_flags_and_the_exact_ends_of_buffers)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    static const char *const env[] = {"FERRY_TCP_MAX_SLICE=1m", NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+    fill_regions(&peer, 5 * MIB);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu r", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", 2 * MIB, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 4 * MIB, MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    char endpoint[64];
+    uint64_t generation;
+    tcp_endpoint_of(segment, endpoint, sizeof(endpoint), &generation);
+    int fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation), 0);
+
+    uint64_t ro = peer.arena, wo = peer.arena + 2 * MIB, rw = peer.arena + 4 * MIB;
+    cr_assert_lt(raw_write(fd, 0, ro + 4096, 4096), 0, "a WRITE into a read-only buffer");
+    cr_assert_eq(raw_read(fd, 1, ro + 4096, 4096), 0, "a READ of the read-only buffer");
+    cr_assert_lt(raw_read(fd, 2, wo + 4096, 4096), 0, "a READ of a write-only buffer");
+
+    cr_assert_eq(raw_write(fd, 3, rw + MIB - 4096, 4096), 0, "a WRITE ending at the last byte");
+    cr_assert_eq(raw_write(fd, 4, rw + MIB - 1, 1), 0, "a WRITE of the last byte");
+    cr_assert_lt(raw_write(fd, 5, rw + MIB - 4095, 4096), 0, "a WRITE ending one byte past");
+    cr_assert_lt(raw_write(fd, 6, rw + MIB, 1), 0, "a WRITE of the byte past the end");
+    cr_assert_lt(raw_write(fd, 7, rw - 1, 4096), 0, "a WRITE starting one byte before");
+    cr_assert_eq(raw_read(fd, 8, rw + MIB - 4096, 4096), 0, "a READ ending at the last byte");
+    cr_assert_lt(raw_read(fd, 9, rw + MIB - 4095, 4096), 0, "a READ ending one byte past");
+    cr_assert_lt(raw_read(fd, 10, rw - 1, 2), 0, "a READ starting one byte before");
+    close(fd);
+    check_regions(&peer, 5 * MIB);
+
+    /* A request longer than the target's FERRY_TCP_MAX_SLICE (1 MiB here),
+     * inside a buffer: a protocol error, the connection is closed unserved. */
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 6 * MIB, 2 * MIB), "OK");
+    fd = connect_to(endpoint);
+    cr_assert_eq(hello(fd, generation), 0);
+    request(fd, FERRY_TCP_OP_READ, 11, peer.arena + 6 * MIB, MIB + 1);
+    cr_assert(closed_by_peer(fd), "a READ longer than the largest slice was served");
+    close(fd);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/*
+ * The same checks reached by a well-behaved initiator that believes a
+ * forged store entry (a read-only buffer said to be writable, a write-only
+ * one readable, a buffer said to be a page longer): the initiator sends
+ * the requests, the target refuses them (FERRY_ERR_REMOTE_REFUSED, the
+ * target's answer; the initiator's own refusals say OUT_OF_RANGE), and
+ * nothing refused is written or read.
+ */
+Test(faults, the_tcp_target_refuses_what_a_forged_descriptor_claims)
+{
+    service_t metad;
+    service_start_forgery_store(&metad);
+    ferry_engine_h initiator;
+    cr_assert_eq(ferry_engine_create(NULL, &initiator), FERRY_OK);
+    peer_process_t peer;
+    static const char *const env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+    fill_regions(&peer, 6 * MIB);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu r", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", 2 * MIB, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 4 * MIB, 2 * MIB), "OK");
+    forged_store_publish(metad.port, "honest", "writable", "\"access\":\"r\"", "\"access\":\"rw\"");
+    forged_store_publish(metad.port, "honest", "readable", "\"access\":\"w\"", "\"access\":\"rw\"");
+    char longer[64];
+    snprintf(longer, sizeof(longer), "\"length\":\"%zu\"", 2 * MIB + 4096);
+    forged_store_publish(metad.port, "honest", "longer", "\"length\":\"2097152\"", longer);
+
+    uint64_t ro = peer.arena, wo = peer.arena + 2 * MIB, rw = peer.arena + 4 * MIB;
+    const uint64_t end = rw + 2 * MIB;
+    ferry_segment_h writable, readable, past;
+    cr_assert_eq(ferry_segment_open(initiator, "writable", &writable), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(initiator, "readable", &readable), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(initiator, "longer", &past), FERRY_OK);
+    test_pattern_fill(local, 64 * 1024, 9);
+    cr_assert_eq(one_via(initiator, FERRY_OP_WRITE, local, writable, ro + 4096, 64 * 1024),
+                 FERRY_ERR_REMOTE_REFUSED, "a WRITE into a read-only buffer");
+    memset(local + MIB, 0, 64 * 1024);
+    cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, readable, wo + 4096, 64 * 1024),
+                 FERRY_ERR_REMOTE_REFUSED, "a READ of a write-only buffer");
+    for (size_t i = 0; i < 64 * 1024; i++)
+        cr_assert_eq(local[MIB + i], 0, "the write-only buffer was read");
+    cr_assert_eq(one_via(initiator, FERRY_OP_WRITE, local, past, end - 4096, 4096), FERRY_OK,
+                 "a WRITE ending at the last byte");
+    cr_assert_eq(one_via(initiator, FERRY_OP_WRITE, local, past, end - 4095, 4096),
+                 FERRY_ERR_REMOTE_REFUSED, "a WRITE ending one byte past the buffer");
+    cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, past, end - 4096, 4096), FERRY_OK,
+                 "a READ ending at the last byte");
+    cr_assert_eq(one_via(initiator, FERRY_OP_READ, local + MIB, past, end - 4095, 4096),
+                 FERRY_ERR_REMOTE_REFUSED, "a READ ending one byte past the buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 9", end - peer.arena - 4096), "OK");
+    check_regions(&peer, 6 * MIB);
+    ferry_segment_close(initiator, writable);
+    ferry_segment_close(initiator, readable);
+    ferry_segment_close(initiator, past);
+    peer_stop(&peer);
+    ferry_engine_destroy(initiator); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
 }

@@ -344,6 +344,27 @@ Test(metadata, redis_killed_process_vanishes_after_ttl)
     service_cleanup(&redis);
 }
 
+/* The engine renews its key's expiry: over three TTLs and a half the key
+ * is there at every look (every 50 ms).  An expiry only looked at, not
+ * renewed, lets the key lapse each TTL until the engine puts it again. */
+Test(metadata, redis_expiry_is_renewed_not_lost)
+{
+    require(SERVICE_REDIS);
+    service_t redis;
+    cr_assert_eq(service_start(&redis, SERVICE_REDIS, NULL), 0);
+    setenv("FERRY_REDIS_TTL", "2s", 1);
+    ferry_engine_h engine = engine_on(redis.uri, "renewed");
+    const char *exists[] = {"EXISTS", "ferry/segments/renewed"};
+    char out[64];
+    int looks = 0;
+    for (double end = now() + 7.0; now() < end; usleep(50000), looks++) {
+        cr_assert_eq(redis_call(redis.port, 2, exists, NULL, out, sizeof(out), NULL), ':');
+        cr_assert_eq(atol(out), 1, "the key lapsed after %d looks", looks);
+    }
+    ferry_engine_destroy(engine);
+    service_cleanup(&redis);
+}
+
 /* etcd restarted without its data: the lease is regranted (the segment is
  * back, on a live lease: it still goes away when its owner is killed). */
 Test(metadata, etcd_data_loss_regrants_the_lease)
@@ -409,11 +430,58 @@ Test(metadata, etcd_watch_invalidates_cached_descriptors)
 
 /* ---------------- etcd authentication ---------------- */
 
+static int etcd_post_reply(int port, const char *path, const char *json, char *out, size_t size)
+{
+    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json, strlen(json),
+                     out, size, NULL);
+}
+
 static int etcd_post(int port, const char *path, const char *json)
 {
     char out[4096];
-    return http_call(port, "POST", path, "Content-Type: application/json\r\n", json,
-                     strlen(json), out, sizeof(out), NULL);
+    return etcd_post_reply(port, path, json, out, sizeof(out));
+}
+
+/* The decimal string value of field in etcd's JSON reply (0 if absent). */
+static long long etcd_field(const char *json, const char *field)
+{
+    char quoted[64];
+    snprintf(quoted, sizeof(quoted), "\"%s\":\"", field);
+    const char *at = strstr(json, quoted);
+    return at ? strtoll(at + strlen(quoted), NULL, 10) : 0;
+}
+
+/*
+ * The engine keeps its lease alive: over three TTLs its key stays on the
+ * same lease and is never put again (same mod_revision), and the lease
+ * has time left.  A lease that were only looked at would expire each TTL
+ * and be granted anew with the key republished, which a reader hardly
+ * notices (the segment is back within a period).
+ */
+Test(metadata, etcd_lease_is_kept_alive_not_regranted)
+{
+    require(SERVICE_ETCD);
+    service_t etcd;
+    cr_assert_eq(service_start(&etcd, SERVICE_ETCD, NULL), 0);
+    setenv("FERRY_ETCD_TTL", "2s", 1);
+    ferry_engine_h engine = engine_on(etcd.uri, "kept");
+    char key64[128], range[256], reply[8192];
+    base64_encode("ferry/segments/kept", strlen("ferry/segments/kept"), key64);
+    snprintf(range, sizeof(range), "{\"key\":\"%s\"}", key64);
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/kv/range", range, reply, sizeof(reply)), 200);
+    long long lease = etcd_field(reply, "lease"), revision = etcd_field(reply, "mod_revision");
+    cr_assert(lease != 0 && revision != 0, "the key has no lease: %s", reply);
+
+    sleep(7); /* three TTLs and a half */
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/kv/range", range, reply, sizeof(reply)), 200);
+    cr_assert_eq(etcd_field(reply, "lease"), lease, "the lease was granted again: %s", reply);
+    cr_assert_eq(etcd_field(reply, "mod_revision"), revision, "the key was put again: %s", reply);
+    char id[64];
+    snprintf(id, sizeof(id), "{\"ID\":\"%lld\"}", lease);
+    cr_assert_eq(etcd_post_reply(etcd.port, "/v3/lease/timetolive", id, reply, sizeof(reply)), 200);
+    cr_assert_gt(etcd_field(reply, "TTL"), 0, "the lease has no time left: %s", reply);
+    ferry_engine_destroy(engine);
+    service_cleanup(&etcd);
 }
 
 Test(metadata, etcd_user_and_password)

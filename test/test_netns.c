@@ -77,8 +77,11 @@ static void start(const char *transports, const char *host_a, const char *host_b
 {
     char why[512];
     int made = netns_pair_create(&pair, why, sizeof(why));
-    if (made == NETNS_UNAVAILABLE)
+    if (made == NETNS_UNAVAILABLE) {
+        /* Criterion does not print a skip's reason unless verbose. */
+        fprintf(stderr, "test_netns: skipped: network namespaces cannot be set up here: %s\n", why);
         cr_skip_test("%s", why);
+    }
     cr_assert_eq(made, NETNS_OK, "%s", why);
     have_pair = 1;
 

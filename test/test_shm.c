@@ -6,6 +6,7 @@
 
 #include <linux/capability.h>
 #include <signal.h>
+#include <sys/personality.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,10 @@
 #include <unistd.h>
 
 #include "capture_stderr.h"
+#include "forged_store.h"
 #include "one_request.h"
 #include "peer_process.h"
+#include "service_process.h"
 #include "test_pattern.h"
 
 #define MIB ((size_t)1 << 20)
@@ -48,6 +51,14 @@ static void stop(void)
 }
 
 TestSuite(shm, .fini = stop, .timeout = 60);
+
+static int all_zero_bytes(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return 0;
+    return 1;
+}
 
 static double now(void)
 {
@@ -302,4 +313,130 @@ Test(shm, a_request_naming_a_same_host_transport_across_hosts_is_refused)
     cr_assert_str_eq(peer_cmd(&c.peer, "check 0 4096 3"), "OK", "nothing was written");
     ferry_segment_close(engine, c.segment);
     peer_stop(&c.peer);
+}
+
+/* The honest peer's shm endpoint "shm1:<boot>:<ns>:<pid>:<start>:<probe>"
+ * as it is in json, and the same with another start time, in forged. */
+static void endpoint_with_another_start(const char *json, char *honest, char *forged, size_t size)
+{
+    const char *at = strstr(json, "shm1:");
+    cr_assert_not_null(at, "no shm endpoint in %s", json);
+    snprintf(honest, size, "%.*s", (int)strcspn(at, "\""), at);
+    const char *field = honest;
+    for (int i = 0; i < 4; i++) /* to <start> */
+        field = strchr(field, ':') + 1;
+    unsigned long long start = strtoull(field, NULL, 10);
+    cr_assert_gt(start, 0ull, "%s", honest);
+    snprintf(forged, size, "%.*s%llu%s", (int)(field - honest), honest, start + 1,
+             strchr(field, ':'));
+}
+
+/*
+ * pid reuse: a descriptor (here a store entry) whose pid names a live
+ * process that started at another time than the one it names is never
+ * written, the first write included, and the refresh-and-retry after a
+ * failure does not write through the same stale entry either.  Reads get
+ * nothing from it.  The honest descriptor of the same process still works.
+ */
+Test(shm, a_live_pid_with_another_start_time_is_never_written)
+{
+    service_t metad;
+    service_start_forgery_store(&metad);
+    start("shm");
+    peer_process_t peer;
+    static const char *const honest_env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+    cr_assert_eq(peer_start(&peer, honest_env), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill 0 %zu 21", MIB), "OK");
+    static char json[1 << 17];
+    char honest[256], forged[256];
+    forged_store_fetch(metad.port, "honest", json, sizeof(json));
+    endpoint_with_another_start(json, honest, forged, sizeof(honest));
+    forged_store_publish(metad.port, "honest", "reused", honest, forged);
+
+    ferry_segment_h reused, real;
+    cr_assert_eq(ferry_segment_open(engine, "reused", &reused), FERRY_OK);
+    test_pattern_fill(local, MIB, 22);
+    for (int i = 0; i < 3; i++) {
+        ferry_status_t status =
+            one_request_via(engine, FERRY_OP_WRITE, local, reused, peer.arena, MIB, "shm", NULL);
+        cr_assert_neq(status, FERRY_OK, "write %d reached pid %d through %s", i, (int)peer.pid,
+                      forged);
+        /* past the liveness interval: a later write is a new look */
+        usleep(2 * 20 * 1000);
+    }
+    memset(local + MIB, 0, MIB);
+    cr_assert_neq(
+        one_request_via(engine, FERRY_OP_READ, local + MIB, reused, peer.arena, MIB, "shm", NULL),
+        FERRY_OK);
+    cr_assert(all_zero_bytes(local + MIB, MIB), "a read through the stale entry got data");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 21", MIB), "OK", "the process was written");
+
+    cr_assert_eq(ferry_segment_open(engine, "honest", &real), FERRY_OK);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, real, peer.arena, MIB, "shm"),
+                 FERRY_OK, "the honest descriptor of the same process");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 22", MIB), "OK");
+    ferry_segment_close(engine, reused);
+    ferry_segment_close(engine, real);
+    peer_stop(&peer);
+    stop(); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
+}
+
+/* Make the next process this one forks get pid (CAP_SYS_ADMIN): 0, or -1. */
+static int next_pid_is(pid_t pid)
+{
+    FILE *file = fopen("/proc/sys/kernel/ns_last_pid", "w");
+    if (file == NULL)
+        return -1;
+    int ok = fprintf(file, "%d", (int)pid - 1) > 0;
+    return fclose(file) == 0 && ok ? 0 : -1;
+}
+
+/*
+ * pid reuse after the first copy: a peer that was written to dies and
+ * another process gets its pid, with memory at the same address (no
+ * address randomization, the same program).  A write through the dead
+ * peer's descriptor must not land in the stranger: shm looks the pid up
+ * again before a copy (when the last look is older than a few ms).
+ */
+Test(shm, a_recycled_pid_is_not_written)
+{
+    personality(ADDR_NO_RANDOMIZE); /* inherited by the peers */
+    start("shm");
+    peer_process_t first, stranger;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 31);
+    cr_assert_eq(
+        one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB, "shm"),
+        FERRY_OK);
+    pid_t pid = first.pid;
+    uintptr_t arena = first.arena;
+    peer_kill(&first, SIGKILL);
+
+    int reused = 0;
+    for (int attempt = 0; attempt < 50 && !reused; attempt++) {
+        if (next_pid_is(pid) != 0)
+            cr_skip_test("cannot choose the next pid (/proc/sys/kernel/ns_last_pid)");
+        cr_assert_eq(peer_start(&stranger, NULL), 0);
+        reused = stranger.pid == pid;
+        if (!reused)
+            peer_stop(&stranger); /* another process took the pid first */
+    }
+    if (!reused)
+        cr_skip_test("pid %d was never given to a new peer (a busy machine)", (int)pid);
+    if (stranger.arena != arena)
+        cr_skip_test("the new peer's arena is not where the old one's was");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&stranger, "sum 0 %zu", MIB));
+    usleep(2 * 20 * 1000); /* past the liveness interval */
+    cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment, arena, MIB, "shm", NULL),
+                  FERRY_OK, "a write reached pid %d, now another process", (int)pid);
+    cr_assert_str_eq(peer_cmd(&stranger, "sum 0 %zu", MIB), before,
+                     "the process that got the pid was written");
+    ferry_segment_close(engine, segment);
+    peer_stop(&stranger);
 }

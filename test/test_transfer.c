@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "one_request.h"
 #include "peer_process.h"
@@ -175,24 +176,34 @@ Test(transfer, batch_of_many_small_requests)
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }
 
+/*
+ * The peer polls for the notify and, the moment it arrives, looks at its
+ * memory: all of the batch's 32 MiB must be there already (a notify sent
+ * when it is attached, not after the data, arrives while they are still
+ * on their way).  Then a plain notify.
+ */
 Test(transfer, notify_attached_to_batch_arrives_after_its_data)
 {
+    enum { N = 4 };
+    const size_t each = 8 * MIB;
     ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 8, &batch), FERRY_OK);
-    test_pattern_fill(local, 8 * MIB, 31);
-    ferry_request_t reqs[4];
-    for (int i = 0; i < 4; i++)
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    test_pattern_fill(local, N * each, 31);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
         reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
-                                    .local = local + (size_t)i * 2 * MIB, .target = segment,
-                                    .target_offset = peer.arena + (size_t)i * 2 * MIB,
-                                    .length = 2 * MIB};
-    cr_assert_eq(ferry_batch_submit(batch, reqs, 4), FERRY_OK);
+                                    .local = local + i * each,
+                                    .target = segment,
+                                    .target_offset = peer.arena + i * each,
+                                    .length = each};
+    cr_assert_str_eq(peer_cmd(&peer, "notifycheck 60000 0 %zu 31", N * each), "POLLING");
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
     cr_assert_eq(ferry_batch_notify(batch, segment, "done", 4), FERRY_OK);
     cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
-    /* The peer looks at its memory only once the notify arrived. */
-    cr_assert_eq(strncmp(peer_cmd(&peer, "notify 5000"), "NOTIFY ", 7), 0, "%s", peer.reply);
-    cr_assert(strstr(peer.reply, " done") != NULL, "%s", peer.reply);
-    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 31", 8 * MIB), "OK");
+    peer_reply(&peer);
+    cr_assert_eq(strncmp(peer.reply, "NOTIFY ", 7), 0, "%s", peer.reply);
+    cr_assert(strstr(peer.reply, " done OK") != NULL,
+              "the notify arrived before its batch's data: %s", peer.reply);
 
     cr_assert_eq(ferry_notify_send(engine, segment, "plain", 5), FERRY_OK);
     cr_assert(strstr(peer_cmd(&peer, "notify 5000"), " plain") != NULL, "%s", peer.reply);
@@ -233,5 +244,111 @@ Test(transfer, request_outside_remote_buffers_is_refused)
                            .target_offset = peer.arena + 70 * MIB - 10, .length = 100};
     cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
+    /* The exact end: a request ending at the buffer's last byte is served,
+     * one ending a byte later is refused (by the initiator, before
+     * anything moves: over shm nobody else would check). */
+    test_pattern_fill(local, 4096, 12);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, peer.arena + 70 * MIB - 4096, 4096), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 12", 70 * MIB - 4096), "OK");
+    test_pattern_fill(local, 4096, 13);
+    req.target_offset = peer.arena + 70 * MIB - 4095;
+    req.length = 4096;
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    req.opcode = FERRY_OP_READ;
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu 4096 12", 70 * MIB - 4096), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu 4096", 70 * MIB), before);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+/* A read-only remote buffer is never written and a write-only one never
+ * read: refused (FERRY_ERR_REMOTE_REFUSED) before anything moves, which
+ * over shm is the only check there is.  The allowed direction works. */
+Test(transfer, remote_flags_are_kept)
+{
+    const size_t ro = 72 * MIB, wo = 76 * MIB;
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu r", ro, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu w", wo, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 41", ro, MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 42", wo, MIB), "OK");
+    test_pattern_fill(local, MIB, 43);
+    cr_assert_eq(one_request(engine, FERRY_OP_WRITE, local, segment, peer.arena + ro, MIB, NULL),
+                 FERRY_ERR_REMOTE_REFUSED, "a write into a read-only buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 41", ro, MIB), "OK",
+                     "the read-only buffer was written");
+    memset(local + MIB, 0, MIB);
+    cr_assert_eq(
+        one_request(engine, FERRY_OP_READ, local + MIB, segment, peer.arena + wo, MIB, NULL),
+        FERRY_ERR_REMOTE_REFUSED, "a read of a write-only buffer");
+    cr_assert_eq(test_pattern_check(local + MIB, MIB, 42), 0, "the write-only buffer was read");
+
+    cr_assert_eq(transfer(FERRY_OP_READ, local + MIB, peer.arena + ro, MIB), FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + MIB, MIB, 41), SIZE_MAX);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, peer.arena + wo, MIB), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 43", wo, MIB), "OK");
+}
+
+/* A batch sent again (the same request) after the owner unregistered the
+ * buffer its last round wrote: the owner's INVALIDATE replaced the
+ * descriptor, so the round is not sent with the old one; the write is
+ * refused and the memory, the owner's alone now, keeps what it put there
+ * (over shm nobody else would refuse it). */
+Test(transfer, a_batch_sent_again_does_not_reuse_a_replaced_descriptor)
+{
+    const size_t off = 72 * MIB, length = 64 * 1024;
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", off, MIB), "OK");
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    test_pattern_fill(local, length, 45);
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE,
+                           .local = local,
+                           .target = segment,
+                           .target_offset = peer.arena + off,
+                           .length = length};
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+        cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 45", off, length), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", off), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 46", off, length), "OK");
+    ferry_status_t status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    cr_assert_neq(status, FERRY_OK, "a write to an unregistered buffer");
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 46", off, length), "OK",
+                     "the unregistered buffer was written");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ferry_batch_wait returns when its batch completes, not at its time limit:
+ * one small write, then four, each waited for with a 60 s limit, return
+ * long before it (20 s: a generous bound on a busy machine). */
+Test(transfer, wait_returns_when_the_batch_completes)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 4, &batch), FERRY_OK);
+    test_pattern_fill(local, 4 * 4096, 47);
+    ferry_request_t reqs[4];
+    for (int i = 0; i < 4; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + i * 4096,
+                                    .target = segment,
+                                    .target_offset = peer.arena + i * 4096,
+                                    .length = 4096};
+    for (size_t n = 1; n <= 4; n += 3) {
+        double start = now();
+        cr_assert_eq(ferry_batch_submit(batch, reqs, n), FERRY_OK);
+        cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+        cr_assert_lt(now() - start, 20.0, "a wait for %zu write(s) took %.1f s", n, now() - start);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %d 47", 4 * 4096), "OK");
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -427,30 +428,76 @@ Test(ucx, unregistered_buffer_is_refused_and_untouched)
     peer_stop(&peer);
 }
 
+/* A peer (1 MiB registered, its segment open) that dies and starts again
+ * under the same name (its RPC address) with its arena at the same place
+ * (address randomization off, inherited by the peers): the cached
+ * descriptor still holds the range, so a request goes to the dead
+ * incarnation first.  write_before: the first one was written to. */
+static void restart_peer(peer_process_t *first, peer_process_t *second, ferry_segment_h *segment_p,
+                         int write_before)
+{
+    personality(ADDR_NO_RANDOMIZE);
+    start("sm,self", "ucx");
+    cr_assert_eq(peer_start(first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first->name, segment_p), FERRY_OK);
+    if (write_before) {
+        test_pattern_fill(local, MIB, 1);
+        cr_assert_eq(transfer(FERRY_OP_WRITE, local, *segment_p, first->arena, MIB, "ucx"),
+                     FERRY_OK);
+    }
+    peer_kill(first, SIGKILL);
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(second, env), 0);
+    cr_assert_str_eq(second->name, first->name, "the restarted peer keeps its name");
+    cr_assert_eq(second->arena, first->arena, "no address randomization, the same arena");
+    cr_assert_str_eq(peer_cmd(second, "reg 0 %zu", MIB), "OK");
+}
+
 Test(ucx, restarted_peer_is_reached_again)
 {
-    start("sm,self", "ucx");
     peer_process_t first, second;
     ferry_segment_h segment;
-    cr_assert_eq(peer_start(&first, NULL), 0);
-    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
-    test_pattern_fill(local, MIB, 1);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first.arena, MIB, "ucx"), FERRY_OK);
-    peer_kill(&first, SIGKILL);
-
-    char address[64];
-    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
-    const char *env[] = {address, NULL};
-    cr_assert_eq(peer_start(&second, env), 0);
-    cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
-    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+    restart_peer(&first, &second, &segment, 1);
     /* No refresh by the user: the engine notices the new incarnation. */
     double start_time = now();
     test_pattern_fill(local, MIB, 2);
     cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, second.arena, MIB, "ucx"), FERRY_OK);
     cr_assert_lt(now() - start_time, 1.0, "the dead incarnation was noticed at once");
     cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 2", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+}
+
+struct write_args {
+    ferry_segment_h segment;
+    uint64_t remote;
+    ferry_status_t status;
+};
+
+static void write_to_arena(void *arg)
+{
+    struct write_args *args = arg;
+    args->status = transfer(FERRY_OP_WRITE, local, args->segment, args->remote, MIB, "ucx");
+}
+
+/* An incarnation that died before we ever wrote to it: it is seen dead
+ * before an endpoint is built into it (UCX would try to attach to the dead
+ * process's memory and fail, loudly), and the write goes to the new one. */
+Test(ucx, a_peer_dead_before_the_first_write_is_not_connected_to)
+{
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    restart_peer(&first, &second, &segment, 0);
+    struct write_args args = {segment, second.arena, FERRY_ERR_IO};
+    test_pattern_fill(local, MIB, 3);
+    char *log = capture_stderr(write_to_arena, &args);
+    cr_assert_eq(args.status, FERRY_OK);
+    cr_assert_null(strstr(log, "no endpoint"), "an endpoint into the dead process: %s", log);
+    free(log);
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 3", MIB), "OK");
     ferry_segment_close(engine, segment);
     peer_stop(&second);
 }

@@ -1,7 +1,8 @@
 /*
  * shm peers: one entry per peer incarnation (endpoint string, generation),
  * made when the engine first asks whether we reach it.  Making it probes
- * the kernel once: can we attach to that process at all?
+ * the kernel once: is the pid still the process the endpoint names, and
+ * can we attach to it at all?
  */
 #include "shm.h"
 #include "../../util/util.h"
@@ -32,11 +33,19 @@ static ferry_shm_peer_t *peer_parse(const ferry_peer_t *peer)
     return p;
 }
 
-/* Read one byte of the peer: does the kernel let us attach? */
+/* Is the pid that process (its start time too, a start time of 0 matching
+ * nothing), and does the kernel let us attach (read one byte of it)?  The
+ * pid alone could name a stranger: a recycled pid, or a stale or forged
+ * descriptor. */
 static void peer_probe(ferry_shm_t *shm, ferry_shm_peer_t *p, const char *name)
 {
     if (p->pid == 0) {
         ferry_debug("shm: peer %s runs in another pid namespace or kernel", name);
+        return;
+    }
+    if (p->start_time == 0 || ferry_process_start_time(p->pid) != p->start_time) {
+        ferry_info("shm: peer %s (pid %ld, started at %llu) is gone", name, p->pid, p->start_time);
+        p->gone = 1;
         return;
     }
     char byte;
