@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 
 #include "../src/transport/tcp/tcp.h"
 
-int tcp_client_connect(const char *hostport)
+int tcp_client_connect_from(const char *source, const char *hostport)
 {
     char host[64];
     const char *colon = strrchr(hostport, ':');
@@ -23,11 +24,22 @@ int tcp_client_connect(const char *hostport)
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
     inet_pton(AF_INET, host, &sin.sin_addr);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    if (source != NULL) {
+        struct sockaddr_in from = {.sin_family = AF_INET};
+        inet_pton(AF_INET, source, &from.sin_addr);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0, "bind %s", source);
+    }
     cr_assert_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0, "connect to %s",
                  hostport);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
+}
+
+int tcp_client_connect(const char *hostport)
+{
+    return tcp_client_connect_from(NULL, hostport);
 }
 
 int tcp_client_recv(int fd, void *buf, size_t len)
@@ -70,7 +82,15 @@ int tcp_client_response(int fd, uint64_t id)
 int tcp_client_closed(int fd)
 {
     char c;
-    return recv(fd, &c, 1, 0) <= 0;
+    ssize_t n = recv(fd, &c, 1, 0);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+int tcp_client_closed_already(int fd)
+{
+    char c;
+    ssize_t got = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 void tcp_client_target_of(const char *json, char *endpoint, size_t size, uint64_t *generation_p)

@@ -19,6 +19,7 @@
 #include "capture_stderr.h"
 #include "forged_store.h"
 #include "peer_process.h"
+#include "tcp_client.h"
 #include "service_process.h"
 #include "test_pattern.h"
 
@@ -201,99 +202,16 @@ Test(faults, dead_owner_gives_a_clear_error)
 
 /* ---- a hostile initiator speaking the TCP transport's wire format ---- */
 
-/* source: a local IPv4 address to connect from (NULL: the kernel's choice). */
-static int connect_from(const char *source, const char *hostport)
-{
-    char host[64];
-    const char *colon = strrchr(hostport, ':');
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
-    inet_pton(AF_INET, host, &sin.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    if (source != NULL) {
-        struct sockaddr_in from = {.sin_family = AF_INET};
-        inet_pton(AF_INET, source, &from.sin_addr);
-        cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0, "bind %s", source);
-    }
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-}
-
-static int connect_to(const char *hostport)
-{
-    return connect_from(NULL, hostport);
-}
-
-static int recv_exact(int fd, void *buf, size_t len)
-{
-    return recv(fd, buf, len, MSG_WAITALL) == (ssize_t)len ? 0 : -1;
-}
-
-static int hello(int fd, uint64_t generation)
-{
-    unsigned char msg[FERRY_TCP_HELLO_SIZE] = {0}, ack[FERRY_TCP_ACK_SIZE];
-    ferry_tcp_put32(msg, FERRY_TCP_MAGIC);
-    ferry_tcp_put16(msg + 4, FERRY_TCP_VERSION);
-    ferry_tcp_put64(msg + 8, generation);
-    ferry_tcp_put16(msg + 16, 0);
-    cr_assert_eq(send(fd, msg, sizeof(msg), 0), (ssize_t)sizeof(msg));
-    if (recv_exact(fd, ack, sizeof(ack)) != 0)
-        return -1000;
-    return (int32_t)ferry_tcp_get32(ack + 8);
-}
-
-static void request(int fd, int op, uint64_t id, uint64_t addr, uint64_t length)
-{
-    unsigned char msg[FERRY_TCP_REQUEST_SIZE] = {0};
-    msg[0] = (unsigned char)op;
-    ferry_tcp_put64(msg + 8, id);
-    ferry_tcp_put64(msg + 16, addr);
-    ferry_tcp_put64(msg + 24, length);
-    cr_assert_eq(send(fd, msg, sizeof(msg), MSG_NOSIGNAL), (ssize_t)sizeof(msg));
-}
-
-static int response_status(int fd, uint64_t id)
-{
-    unsigned char msg[FERRY_TCP_RESPONSE_SIZE];
-    if (recv_exact(fd, msg, sizeof(msg)) != 0)
-        return -1000;
-    cr_assert_eq(ferry_tcp_get64(msg), id);
-    return (int32_t)ferry_tcp_get32(msg + 8);
-}
-
-/* The other side closed (or reset) the connection; a receive that timed
- * out (SO_RCVTIMEO) is a side still waiting for more, not a close. */
-static int closed_by_peer(int fd)
-{
-    char c;
-    ssize_t n = recv(fd, &c, 1, 0);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-}
-
-/* The peer closed fd (EOF or reset), without waiting. */
-static int closed_already(int fd)
-{
-    char c;
-    ssize_t got = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
-    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-}
-
 /* The tcp transport's endpoint and the generation in an open segment's descriptor. */
 static uint64_t tcp_endpoint(ferry_segment_h segment, char *endpoint, size_t len)
 {
     char *json;
+    uint64_t generation;
     cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
-    const char *tcp = strstr(json, "\"tcp\":\"");
-    cr_assert_not_null(tcp);
-    snprintf(endpoint, len, "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
-    uint64_t generation = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
+    tcp_client_target_of(json, endpoint, len, &generation);
     free(json);
     return generation;
 }
-
 Test(faults, hostile_frames_touch_nothing_and_leave_the_target_serving)
 {
     peer_process_t peer;
@@ -307,35 +225,35 @@ Test(faults, hostile_frames_touch_nothing_and_leave_the_target_serving)
     char endpoint[64];
     uint64_t generation = tcp_endpoint(segment, endpoint, sizeof(endpoint));
 
-    int fd = connect_to(endpoint);
-    cr_assert_eq(hello(fd, generation ^ 1), FERRY_ERR_STALE, "wrong generation is refused");
+    int fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation ^ 1), FERRY_ERR_STALE, "wrong generation is refused");
     close(fd);
 
-    fd = connect_to(endpoint);
-    cr_assert_eq(hello(fd, generation), 0);
+    fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
     /* A write just past the registered megabyte, with its payload. */
-    request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena + MIB - 8, 4096);
+    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena + MIB - 8, 4096);
     static unsigned char junk[4096];
     memset(junk, 0xee, sizeof(junk));
     cr_assert_eq(send(fd, junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
-    cr_assert_lt(response_status(fd, 0), 0, "out-of-range write must be refused");
-    request(fd, FERRY_TCP_OP_READ, 1, peer.arena + 2 * MIB, 64);
-    cr_assert_lt(response_status(fd, 1), 0, "out-of-range read must be refused");
-    request(fd, FERRY_TCP_OP_READ, 2, peer.arena + 100, 64); /* in range: served */
-    cr_assert_eq(response_status(fd, 2), 0);
+    cr_assert_lt(tcp_client_response(fd, 0), 0, "out-of-range write must be refused");
+    tcp_client_request(fd, FERRY_TCP_OP_READ, 1, peer.arena + 2 * MIB, 64);
+    cr_assert_lt(tcp_client_response(fd, 1), 0, "out-of-range read must be refused");
+    tcp_client_request(fd, FERRY_TCP_OP_READ, 2, peer.arena + 100, 64); /* in range: served */
+    cr_assert_eq(tcp_client_response(fd, 2), 0);
     unsigned char data[64];
-    cr_assert_eq(recv_exact(fd, data, sizeof(data)), 0);
-    request(fd, 9, 3, peer.arena, 8); /* unknown opcode: the connection is closed */
-    cr_assert(closed_by_peer(fd));
+    cr_assert_eq(tcp_client_recv(fd, data, sizeof(data)), 0);
+    tcp_client_request(fd, 9, 3, peer.arena, 8); /* unknown opcode: the connection is closed */
+    cr_assert(tcp_client_closed(fd));
     close(fd);
-    fd = connect_to(endpoint);
-    cr_assert_eq(hello(fd, generation), 0);
-    request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena, (uint64_t)1 << 40); /* absurd length */
-    cr_assert(closed_by_peer(fd));
+    fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
+    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, peer.arena, (uint64_t)1 << 40); /* absurd length */
+    cr_assert(tcp_client_closed(fd));
     close(fd);
-    fd = connect_to(endpoint);
+    fd = tcp_client_connect(endpoint);
     cr_assert_eq(send(fd, "GET / HTTP/1.0\r\n\r\n", 18, MSG_NOSIGNAL), 18);
-    cr_assert(closed_by_peer(fd));
+    cr_assert(tcp_client_closed(fd));
     close(fd);
 
     cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, MIB), before,
@@ -352,21 +270,21 @@ Test(faults, garbage_to_the_rpc_listener_leaves_it_serving)
     peer_process_t peer;
     ferry_segment_h segment;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    int fd = connect_to(peer.name);
+    int fd = tcp_client_connect(peer.name);
     unsigned char garbage[64];
     for (size_t i = 0; i < sizeof(garbage); i++)
         garbage[i] = (unsigned char)(i * 37 + 11);
     send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);
-    cr_assert(closed_by_peer(fd));
+    cr_assert(tcp_client_closed(fd));
     close(fd);
     /* A valid header announcing a 1 GiB frame. */
-    fd = connect_to(peer.name);
+    fd = tcp_client_connect(peer.name);
     unsigned char header[16] = {'F', 'R', 'R', 'Y', 1, 1, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0};
     send(fd, header, sizeof(header), MSG_NOSIGNAL);
-    cr_assert(closed_by_peer(fd));
+    cr_assert(tcp_client_closed(fd));
     close(fd);
     /* A truncated header from a client that then goes silent. */
-    int slow = connect_to(peer.name);
+    int slow = tcp_client_connect(peer.name);
     send(slow, header, 5, MSG_NOSIGNAL);
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK,
                  "the listener still answers");
@@ -386,7 +304,7 @@ Test(faults, idle_connections_do_not_lock_out_the_rpc_listener)
     static int fds[IDLE + HALF];
     unsigned char header[16] = {'F', 'R', 'R', 'Y', 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < IDLE + HALF; i++) {
-        fds[i] = connect_to(peer.name);
+        fds[i] = tcp_client_connect(peer.name);
         if (i >= IDLE)
             cr_assert_eq(send(fds[i], header, 7, MSG_NOSIGNAL), 7);
     }
@@ -445,8 +363,8 @@ Test(faults, idle_tcp_connections_do_not_lock_out_an_initiator)
     static int fds[FLOOD];
     int greeted = 0;
     for (int i = 0; i < FLOOD; i++) {
-        fds[i] = connect_from(sources[i % 3], endpoint);
-        greeted += hello(fds[i], generation) == 0;
+        fds[i] = tcp_client_connect_from(sources[i % 3], endpoint);
+        greeted += tcp_client_hello(fds[i], generation) == 0;
     }
     cr_assert_gt(greeted, MAX_CONNS);
     test_pattern_fill(local, MIB, 9);
@@ -460,7 +378,7 @@ Test(faults, idle_tcp_connections_do_not_lock_out_an_initiator)
         open = 0;
         memset(open_per_source, 0, sizeof(open_per_source));
         for (int i = 0; i < FLOOD; i++) {
-            int still = !closed_already(fds[i]);
+            int still = !tcp_client_closed_already(fds[i]);
             open += still;
             open_per_source[i % 3] += still;
         }
@@ -469,7 +387,7 @@ Test(faults, idle_tcp_connections_do_not_lock_out_an_initiator)
     for (int s = 0; s < 3; s++)
         cr_assert_leq(open_per_source[s], PER_SOURCE, "%d open from %s", open_per_source[s],
                       sources[s]);
-    cr_assert(!closed_already(fds[FLOOD - 1]), "the newest connection was evicted");
+    cr_assert(!tcp_client_closed_already(fds[FLOOD - 1]), "the newest connection was evicted");
     for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
     ferry_segment_close(engine, segment);
@@ -484,7 +402,7 @@ static long ms_until_closed(int fd, int max_ms, const unsigned char *trickle, si
     size_t sent = 0;
     while (ferry_time_ms() - start < (uint64_t)max_ms) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, 100) == 1 && closed_already(fd))
+        if (poll(&pfd, 1, 100) == 1 && tcp_client_closed_already(fd))
             return (long)(ferry_time_ms() - start);
         if (trickle != NULL && sent < trickle_len)
             cr_assert_eq(send(fd, trickle + sent++, 1, MSG_NOSIGNAL), 1);
@@ -500,15 +418,15 @@ Test(faults, tcp_listener_closes_idle_connections_and_trickled_headers)
     char endpoint[64];
     uint64_t generation = start_target(&peer, env, &segment, endpoint, sizeof(endpoint));
 
-    int idle = connect_to(endpoint);
-    cr_assert_eq(hello(idle, generation), 0);
+    int idle = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(idle, generation), 0);
     long closed = ms_until_closed(idle, 5000, NULL, 0);
     cr_assert(closed >= 800 && closed <= 4000, "idle connection closed after %ld ms", closed);
     close(idle);
 
     /* A byte every 100 ms would keep a per-call socket timeout happy for 3 s. */
-    int slow = connect_to(endpoint);
-    cr_assert_eq(hello(slow, generation), 0);
+    int slow = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(slow, generation), 0);
     unsigned char header[FERRY_TCP_REQUEST_SIZE - 1] = {FERRY_TCP_OP_READ};
     closed = ms_until_closed(slow, 5000, header, sizeof(header));
     cr_assert(closed >= 800 && closed <= 2500, "trickled header closed after %ld ms", closed);
@@ -598,19 +516,6 @@ Test(faults_logged, initiator_reconnects_when_the_target_closes_idle_connections
     peer_stop(&peer);
 }
 
-/* The peer's tcp endpoint and generation, from its descriptor. */
-static void tcp_endpoint_of(ferry_segment_h segment, char *endpoint, size_t size,
-                            uint64_t *generation_p)
-{
-    char *json;
-    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
-    const char *tcp = strstr(json, "\"tcp\":\"");
-    cr_assert_not_null(tcp);
-    snprintf(endpoint, size, "%.*s", (int)strcspn(tcp + 7, "\""), tcp + 7);
-    *generation_p = strtoull(strstr(json, "\"generation\":\"") + 14, NULL, 16);
-    free(json);
-}
-
 /* A WRITE of length bytes at addr on a raw connection, payload sent: the
  * target's status. */
 static int raw_write(int fd, uint64_t id, uint64_t addr, size_t length)
@@ -618,9 +523,9 @@ static int raw_write(int fd, uint64_t id, uint64_t addr, size_t length)
     static unsigned char junk[8192];
     memset(junk, 0xee, sizeof(junk));
     cr_assert_leq(length, sizeof(junk));
-    request(fd, FERRY_TCP_OP_WRITE, id, addr, length);
+    tcp_client_request(fd, FERRY_TCP_OP_WRITE, id, addr, length);
     cr_assert_eq(send(fd, junk, length, MSG_NOSIGNAL), (ssize_t)length);
-    return response_status(fd, id);
+    return tcp_client_response(fd, id);
 }
 
 /* A READ on a raw connection: the target's status (the data is read). */
@@ -628,10 +533,10 @@ static int raw_read(int fd, uint64_t id, uint64_t addr, size_t length)
 {
     static unsigned char data[8192];
     cr_assert_leq(length, sizeof(data));
-    request(fd, FERRY_TCP_OP_READ, id, addr, length);
-    int status = response_status(fd, id);
+    tcp_client_request(fd, FERRY_TCP_OP_READ, id, addr, length);
+    int status = tcp_client_response(fd, id);
     if (status == 0)
-        cr_assert_eq(recv_exact(fd, data, length), 0);
+        cr_assert_eq(tcp_client_recv(fd, data, length), 0);
     return status;
 }
 
@@ -676,9 +581,9 @@ Test(faults, the_tcp_target_checks_the_flags_and_the_exact_ends_of_buffers)
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     char endpoint[64];
     uint64_t generation;
-    tcp_endpoint_of(segment, endpoint, sizeof(endpoint), &generation);
-    int fd = connect_to(endpoint);
-    cr_assert_eq(hello(fd, generation), 0);
+    generation = tcp_endpoint(segment, endpoint, sizeof(endpoint));
+    int fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
 
     uint64_t ro = peer.arena, wo = peer.arena + 2 * MIB, rw = peer.arena + 4 * MIB;
     cr_assert_lt(raw_write(fd, 0, ro + 4096, 4096), 0, "a WRITE into a read-only buffer");
@@ -699,10 +604,10 @@ Test(faults, the_tcp_target_checks_the_flags_and_the_exact_ends_of_buffers)
     /* A request longer than the target's FERRY_TCP_MAX_SLICE (1 MiB here),
      * inside a buffer: a protocol error, the connection is closed unserved. */
     cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu rw", 6 * MIB, 2 * MIB), "OK");
-    fd = connect_to(endpoint);
-    cr_assert_eq(hello(fd, generation), 0);
-    request(fd, FERRY_TCP_OP_READ, 11, peer.arena + 6 * MIB, MIB + 1);
-    cr_assert(closed_by_peer(fd), "a READ longer than the largest slice was served");
+    fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
+    tcp_client_request(fd, FERRY_TCP_OP_READ, 11, peer.arena + 6 * MIB, MIB + 1);
+    cr_assert(tcp_client_closed(fd), "a READ longer than the largest slice was served");
     close(fd);
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
