@@ -10,6 +10,7 @@
 #include <ferry/ferry.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,19 @@ Test(lifetime, engine_destroy_with_writes_in_flight_to_a_frozen_peer)
     free(local);
 }
 
+/* The engine's own tcp endpoint and generation, for a raw client. */
+static void own_tcp_target(ferry_engine_h engine, char *endpoint, size_t size,
+                           uint64_t *generation_p)
+{
+    ferry_segment_h self;
+    char *json;
+    cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, self, &json), FERRY_OK);
+    tcp_client_target_of(json, endpoint, size, generation_p);
+    free(json);
+    ferry_segment_close(engine, self);
+}
+
 /* Target side: a connection thread holds the registration while a WRITE's
  * payload arrives; teardown ends that before the registration goes. */
 Test(lifetime, engine_destroy_while_a_write_to_it_is_half_received)
@@ -88,15 +102,9 @@ Test(lifetime, engine_destroy_while_a_write_to_it_is_half_received)
     unsigned char *buffer = NULL;
     cr_assert_eq(posix_memalign((void **)&buffer, 4096, 8 * MIB), 0);
     cr_assert_eq(ferry_register(engine, buffer, 8 * MIB, "cpu", 0), FERRY_OK);
-    ferry_segment_h self;
-    char *json;
-    cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(engine), &self), FERRY_OK);
-    cr_assert_eq(ferry_segment_describe(engine, self, &json), FERRY_OK);
     char endpoint[128];
     uint64_t generation;
-    tcp_client_target_of(json, endpoint, sizeof(endpoint), &generation);
-    free(json);
-    ferry_segment_close(engine, self);
+    own_tcp_target(engine, endpoint, sizeof(endpoint), &generation);
 
     int fd = tcp_client_connect(endpoint);
     cr_assert_eq(tcp_client_hello(fd, generation), 0);
@@ -110,6 +118,62 @@ Test(lifetime, engine_destroy_while_a_write_to_it_is_half_received)
     cr_assert_lt(test_now() - start, 10.0, "teardown waited for the silent initiator");
     cr_assert(tcp_client_closed(fd), "the connection outlived its engine");
     close(fd);
+    free(buffer);
+}
+
+struct unregistering {
+    ferry_engine_h engine;
+    void *addr;
+    ferry_status_t status;
+    atomic_int done;
+};
+
+static void *unregister_thread(void *arg)
+{
+    struct unregistering *u = arg;
+    u->status = ferry_unregister(u->engine, u->addr);
+    atomic_store(&u->done, 1);
+    return NULL;
+}
+
+/* The target's connection thread holds the registration while a WRITE's
+ * payload arrives: unregister waits for it, and the release that ends the
+ * hold wakes it. */
+Test(lifetime, unregister_waits_for_a_write_being_received)
+{
+    ferry_engine_h engine;
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    unsigned char *buffer = NULL;
+    cr_assert_eq(posix_memalign((void **)&buffer, 4096, 4 * MIB), 0);
+    memset(buffer, 0, 4 * MIB);
+    cr_assert_eq(ferry_register(engine, buffer, 4 * MIB, "cpu", 0), FERRY_OK);
+    char endpoint[128];
+    uint64_t generation;
+    own_tcp_target(engine, endpoint, sizeof(endpoint), &generation);
+
+    int fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
+    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, (uintptr_t)buffer, 4 * MIB);
+    static unsigned char payload[4 * MIB];
+    memset(payload, 0x5a, sizeof(payload));
+    cr_assert_eq(send(fd, payload, 2 * MIB, MSG_NOSIGNAL), (ssize_t)(2 * MIB));
+    usleep(100000); /* the target holds the range, waiting for the rest */
+    struct unregistering u = {.engine = engine, .addr = buffer};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, unregister_thread, &u), 0);
+    usleep(200000);
+    cr_assert_eq(atomic_load(&u.done), 0, "unregister returned while a write was landing");
+    cr_assert_eq(send(fd, payload + 2 * MIB, 2 * MIB, MSG_NOSIGNAL), (ssize_t)(2 * MIB));
+    cr_assert_eq(tcp_client_response(fd, 0), 0, "the write that began before is served");
+    for (int waited = 0; waited < 1000 && !atomic_load(&u.done); waited++)
+        usleep(10000);
+    cr_assert_eq(atomic_load(&u.done), 1, "unregister still waits after the write ended");
+    pthread_join(thread, NULL);
+    cr_assert_eq(u.status, FERRY_OK);
+    for (size_t i = 0; i < 4 * MIB; i += 4096)
+        cr_assert_eq(buffer[i], 0x5a, "byte %zu: the write had not landed", i);
+    close(fd);
+    ferry_engine_destroy(engine);
     free(buffer);
 }
 
