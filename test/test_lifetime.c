@@ -93,26 +93,38 @@ static void own_tcp_target(ferry_engine_h engine, char *endpoint, size_t size,
     ferry_segment_close(engine, self);
 }
 
+/* An engine with its 4 MiB buffer registered and a raw client that sent a
+ * WRITE of all of it with half of its payload (0x5a bytes, in payload):
+ * the target's connection thread holds the registration, waiting for the
+ * rest.  Returns the client's socket. */
+static unsigned char payload[4 << 20];
+
+static int half_received_write(ferry_engine_h *engine_p, unsigned char **buffer_p)
+{
+    cr_assert_eq(ferry_engine_create(NULL, engine_p), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)buffer_p, 4096, sizeof(payload)), 0);
+    memset(*buffer_p, 0, sizeof(payload));
+    cr_assert_eq(ferry_register(*engine_p, *buffer_p, sizeof(payload), "cpu", 0), FERRY_OK);
+    char endpoint[128];
+    uint64_t generation;
+    own_tcp_target(*engine_p, endpoint, sizeof(endpoint), &generation);
+    int fd = tcp_client_connect(endpoint);
+    cr_assert_eq(tcp_client_hello(fd, generation), 0);
+    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, (uintptr_t)*buffer_p, sizeof(payload));
+    memset(payload, 0x5a, sizeof(payload));
+    cr_assert_eq(send(fd, payload, sizeof(payload) / 2, MSG_NOSIGNAL),
+                 (ssize_t)(sizeof(payload) / 2));
+    usleep(100000); /* the target reads the first half and waits for the rest */
+    return fd;
+}
+
 /* Target side: a connection thread holds the registration while a WRITE's
  * payload arrives; teardown ends that before the registration goes. */
 Test(lifetime, engine_destroy_while_a_write_to_it_is_half_received)
 {
     ferry_engine_h engine;
-    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
-    unsigned char *buffer = NULL;
-    cr_assert_eq(posix_memalign((void **)&buffer, 4096, 8 * MIB), 0);
-    cr_assert_eq(ferry_register(engine, buffer, 8 * MIB, "cpu", 0), FERRY_OK);
-    char endpoint[128];
-    uint64_t generation;
-    own_tcp_target(engine, endpoint, sizeof(endpoint), &generation);
-
-    int fd = tcp_client_connect(endpoint);
-    cr_assert_eq(tcp_client_hello(fd, generation), 0);
-    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, (uintptr_t)buffer, 4 * MIB);
-    static unsigned char half[2 * MIB];
-    memset(half, 0x5a, sizeof(half));
-    cr_assert_eq(send(fd, half, sizeof(half), MSG_NOSIGNAL), (ssize_t)sizeof(half));
-    usleep(100000); /* the target reads the first half and waits for the rest */
+    unsigned char *buffer;
+    int fd = half_received_write(&engine, &buffer);
     double start = test_now();
     ferry_engine_destroy(engine);
     cr_assert_lt(test_now() - start, 10.0, "teardown waited for the silent initiator");
@@ -142,22 +154,8 @@ static void *unregister_thread(void *arg)
 Test(lifetime, unregister_waits_for_a_write_being_received)
 {
     ferry_engine_h engine;
-    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
-    unsigned char *buffer = NULL;
-    cr_assert_eq(posix_memalign((void **)&buffer, 4096, 4 * MIB), 0);
-    memset(buffer, 0, 4 * MIB);
-    cr_assert_eq(ferry_register(engine, buffer, 4 * MIB, "cpu", 0), FERRY_OK);
-    char endpoint[128];
-    uint64_t generation;
-    own_tcp_target(engine, endpoint, sizeof(endpoint), &generation);
-
-    int fd = tcp_client_connect(endpoint);
-    cr_assert_eq(tcp_client_hello(fd, generation), 0);
-    tcp_client_request(fd, FERRY_TCP_OP_WRITE, 0, (uintptr_t)buffer, 4 * MIB);
-    static unsigned char payload[4 * MIB];
-    memset(payload, 0x5a, sizeof(payload));
-    cr_assert_eq(send(fd, payload, 2 * MIB, MSG_NOSIGNAL), (ssize_t)(2 * MIB));
-    usleep(100000); /* the target holds the range, waiting for the rest */
+    unsigned char *buffer;
+    int fd = half_received_write(&engine, &buffer);
     struct unregistering u = {.engine = engine, .addr = buffer};
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, unregister_thread, &u), 0);
