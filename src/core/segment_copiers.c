@@ -63,8 +63,6 @@ static ferry_status_t wait_zero(atomic_uint *count, const struct timespec *deadl
             return FERRY_ERR_TIMEOUT;
         word = atomic_load_explicit(count, memory_order_seq_cst);
     }
-    /* The sleeper bit of a zero count is stale: the next drain sets it anew. */
-    atomic_compare_exchange_strong(count, &word, 0);
     return FERRY_OK;
 }
 
@@ -75,6 +73,10 @@ ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned ti
     /* One drain at a time per segment: each flips the epoch once. */
     pthread_mutex_lock(&segment->drain_lock);
     int old = atomic_fetch_xor_explicit(&segment->copier_epoch, 1, memory_order_seq_cst) & 1;
+    /* The count new copies go to now was drained before and may keep that
+     * drain's sleeper bit, which would make every exit to zero a system
+     * call; nobody sleeps on it now (drains are serialized). */
+    atomic_fetch_and(&segment->copiers[old ^ 1], ~COPIERS_SLEEPER);
     ferry_status_t status = wait_zero(&segment->copiers[old], &deadline);
     pthread_mutex_unlock(&segment->drain_lock);
     return status;
