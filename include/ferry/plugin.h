@@ -12,13 +12,14 @@
 #include <stdint.h>
 #include <time.h>
 
+#include <ferry/accel.h>
 #include <ferry/ferry.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define FERRY_PLUGIN_ABI_VERSION 3
+#define FERRY_PLUGIN_ABI_VERSION 4
 #define FERRY_PLUGIN_ENTRY_SYMBOL "ferry_plugin_entry"
 
 /* ---- logging (exported so modules log like the core) ---- */
@@ -131,6 +132,8 @@ FERRY_API int ferry_location_is_host(const char *location);
 /* Whether the location names the CXL window ("cxl", "cxl:N"), which only the
  * cxl transport hands out. */
 FERRY_API int ferry_location_is_cxl(const char *location);
+/* Whether the location is of that kind: "kind" or "kind:qualifier". */
+FERRY_API int ferry_location_is_kind(const char *location, const char *kind);
 
 /* ---- transports ---- */
 
@@ -190,6 +193,23 @@ typedef struct ferry_transport_services {
     void (*peer_seen)(void *engine, const char *rpc);
     /* Target side: a notify arrived through the transport (any thread). */
     void (*notify_deliver)(void *engine, const char *from, const void *msg, size_t length);
+    /* Target side, for a range access_acquire granted: whether it is
+     * device memory, which the transport must not touch with the CPU (nor
+     * hand to a system call) but move with stage_in and stage_out. */
+    int (*access_is_device)(void *engine, void *token);
+    /* Target side, device memory: fill length bytes at dst (inside the
+     * token's range) from what fill writes into page-locked host buffers
+     * (a socket's payload), each buffer copied to the device while fill
+     * writes the next.  fill's failure ends it and is returned. */
+    ferry_status_t (*stage_in)(void *engine, void *token, void *dst, size_t length,
+                               ferry_status_t (*fill)(void *arg, void *buffer, size_t length),
+                               void *arg);
+    /* The other way: length bytes at src go to drain in host buffers, the
+     * next one copied off the device while drain takes this one. */
+    ferry_status_t (*stage_out)(void *engine, void *token, const void *src, size_t length,
+                                ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                        size_t length),
+                                void *arg);
 } ferry_transport_services_t;
 
 typedef enum ferry_reach {
@@ -204,7 +224,10 @@ typedef struct ferry_transport_ops {
     void (*destroy)(void *ctx);
     /* The endpoint string peers use to reach us (malloc-ed). */
     ferry_status_t (*address)(void *ctx, char **endpoint_p);
-    /* key_p: malloc-ed key string for the descriptor ("" if none needed). */
+    /* key_p: malloc-ed key string for the descriptor ("" if none needed).
+     * FERRY_ERR_UNSUPPORTED: this transport does not reach memory at that
+     * location (device memory, for most): the buffer is published without
+     * its key, and the registration goes on with the other transports. */
     ferry_status_t (*mem_register)(void *ctx, void *addr, size_t length, const char *location,
                                    char **key_p, void **memh_p);
     void (*mem_deregister)(void *ctx, void *memh);
@@ -260,6 +283,12 @@ typedef struct ferry_transport_ops {
      * before deregistering (the transport's own timeouts bound that), then
      * destroys the transport. */
     void (*stop)(void *ctx);
+    /* Optional: whether submit takes a local buffer at that location (a
+     * device pointer it copies without the CPU).  Without it: host memory
+     * only, and the engine stages device memory through host buffers.  A
+     * transport that cannot reach a remote buffer at some location says so
+     * in mem_register (FERRY_ERR_UNSUPPORTED: no key for that buffer). */
+    int (*local_memory)(void *ctx, const char *location);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)
@@ -343,6 +372,10 @@ typedef struct ferry_plugin {
     const char *settings_component;  /* e.g. "TCP" for FERRY_TCP_* */
     const void *ops;         /* ferry_transport_ops_t or ferry_metadata_ops_t */
     void (*info)(FILE *out); /* optional: version and details for ferry_info */
+    /* Transports of accelerator modules (cuda_ipc, hip_ipc): the vendor
+     * table (accel.h), used by the engine whether or not the transport is
+     * enabled.  NULL for every other plugin. */
+    const ferry_accel_ops_t *accel;
 } ferry_plugin_t;
 
 typedef const ferry_plugin_t *(*ferry_plugin_entry_fn_t)(void);

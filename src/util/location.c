@@ -53,3 +53,8 @@ int ferry_location_is_cxl(const char *location)
 {
     return location != NULL && location_kind(location, "cxl");
 }
+
+int ferry_location_is_kind(const char *location, const char *kind)
+{
+    return location != NULL && location_kind(location, kind);
+}
