@@ -34,6 +34,8 @@
 #include <ferry/accel.h>
 #include <ferry/plugin.h>
 
+#include "../src/accel/accel_fd.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -43,25 +45,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
 #ifndef MFD_CLOEXEC
 #define MFD_CLOEXEC 0x0001U
-#endif
-#ifndef PR_SET_PTRACER
-#define PR_SET_PTRACER 0x59616d61
-#endif
-#ifndef PR_SET_PTRACER_ANY
-#define PR_SET_PTRACER_ANY ((unsigned long)-1)
 #endif
 
 #define TG_MAX_DEVICES  16
@@ -323,10 +312,7 @@ static void tg_init_once(void)
         goto out;
     }
     read_boot_id();
-    /* Peers of the same uid take our memfds with pidfd_getfd, which Yama's
-     * ptrace_scope 1 allows only to a tracer we name; best effort (no Yama:
-     * nothing to do). */
-    (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    ferry_accel_fd_allow_peers(); /* peers take our memfds with pidfd_getfd */
     tg_init_status = FERRY_OK;
 out:
     ferry_settings_release(tg_settings_table, TG_SETTINGS_COUNT, &settings);
@@ -530,23 +516,10 @@ static ferry_status_t tg_ipc_open(const char *handle, long owner_pid, int device
     if (device >= tg_count || device < -1)
         return FERRY_ERR_INVALID_PARAM;
 
-    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)owner_pid, 0);
-    if (pidfd < 0) {
-        if (errno == ESRCH)
-            return FERRY_ERR_STALE;
-        ferry_error("testgpu: pidfd_open(%ld): %s", owner_pid, strerror(errno));
-        return FERRY_ERR_IO;
-    }
-    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, remote_fd, 0);
-    int getfd_errno = errno;
-    close(pidfd);
-    if (fd < 0) {
-        if (getfd_errno == EBADF || getfd_errno == ESRCH)
-            return FERRY_ERR_STALE;
-        ferry_error("testgpu: pidfd_getfd(pid %ld, fd %d): %s", owner_pid, remote_fd,
-                    strerror(getfd_errno));
-        return getfd_errno == EPERM ? FERRY_ERR_REMOTE_REFUSED : FERRY_ERR_IO;
-    }
+    int fd;
+    ferry_status_t taken = ferry_accel_fd_take("testgpu", owner_pid, remote_fd, &fd);
+    if (taken != FERRY_OK)
+        return taken;
     /* The owner may have freed the allocation and reused the number for
      * another file or allocation: only the memfd of the named buffer is
      * taken, and with its true length. */
