@@ -16,6 +16,9 @@ if [ "$what" = test ]; then
     packages="$packages libasan8 libubsan1 libtsan2"
     # the fuzz smoke run (contrib/fuzz.sh): clang's libFuzzer and sanitizers
     packages="$packages clang libclang-rt-14-dev"
+    # the hip_ipc module compiles (HIP 5.2 headers; with the runtime they
+    # depend on about 80 MB installed); no AMD GPU is needed to build it
+    packages="$packages libamdhip64-dev"
     # test_netns: two network namespaces joined by a veth (ip netns, ip link)
     packages="$packages iproute2"
     # servers the metadata tests start themselves, on free loopback ports
