@@ -377,132 +377,132 @@ static void cuda_host_free(void *ptr)
 
 /* ---- streams, events and copies ---- */
 
-typedef struct cuda_stream {
-    CUstream handle;
+/* A stream or an event, and the device whose context made it (pushed again
+ * for every later call on it). */
+typedef struct cuda_object {
+    union {
+        CUstream stream;
+        CUevent event;
+    };
     int device;
-} cuda_stream_t;
+} cuda_object_t;
 
-typedef struct cuda_event {
-    CUevent handle;
-    int device;
-} cuda_event_t;
-
-static ferry_status_t cuda_stream_create(int device, void **stream_p)
+/* Creation in two halves around the driver call: check, allocate and
+ * enter; then leave and hand out (or free on failure). */
+static ferry_status_t object_begin(int device, void **out_p, cuda_object_t **o_p)
 {
-    if (!device_valid(device) || stream_p == NULL)
+    if (!device_valid(device) || out_p == NULL)
         return FERRY_ERR_INVALID_PARAM;
-    cuda_stream_t *s = calloc(1, sizeof(*s));
-    if (s == NULL)
+    cuda_object_t *o = calloc(1, sizeof(*o));
+    if (o == NULL)
         return FERRY_ERR_NO_MEMORY;
     ferry_status_t status = ferry_cuda_enter(device);
     if (status != FERRY_OK) {
-        free(s);
+        free(o);
         return status;
     }
-    /* Non-blocking: the application's work on the legacy default stream
-     * neither waits for ours nor makes ours wait. */
-    CUresult result = ferry_cuda.cuStreamCreate(&s->handle, CU_STREAM_NON_BLOCKING);
+    o->device = device;
+    *o_p = o;
+    return FERRY_OK;
+}
+
+static ferry_status_t object_end(cuda_object_t *o, CUresult result, const char *what, void **out_p)
+{
     ferry_cuda_leave();
     if (result != CUDA_SUCCESS) {
-        free(s);
-        return ferry_cuda_failed("cuStreamCreate", result);
+        free(o);
+        return ferry_cuda_failed(what, result);
     }
-    s->device = device;
-    *stream_p = s;
+    *out_p = o;
     return FERRY_OK;
+}
+
+static void object_destroy(cuda_object_t *o, int is_event)
+{
+    if (o == NULL)
+        return;
+    if (ferry_cuda_enter(o->device) == FERRY_OK) {
+        CUresult result =
+            is_event ? ferry_cuda.cuEventDestroy(o->event) : ferry_cuda.cuStreamDestroy(o->stream);
+        ferry_cuda_leave();
+        if (result != CUDA_SUCCESS)
+            ferry_cuda_failed(is_event ? "cuEventDestroy" : "cuStreamDestroy", result);
+    }
+    free(o);
+}
+
+static ferry_status_t cuda_stream_create(int device, void **stream_p)
+{
+    cuda_object_t *s;
+    ferry_status_t status = object_begin(device, stream_p, &s);
+    if (status != FERRY_OK)
+        return status;
+    /* Non-blocking: the application's work on the legacy default stream
+     * neither waits for ours nor makes ours wait. */
+    return object_end(s, ferry_cuda.cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING),
+                      "cuStreamCreate", stream_p);
 }
 
 static void cuda_stream_destroy(void *stream)
 {
-    cuda_stream_t *s = stream;
-    if (s == NULL)
-        return;
-    if (ferry_cuda_enter(s->device) == FERRY_OK) {
-        CUresult result = ferry_cuda.cuStreamDestroy(s->handle);
-        ferry_cuda_leave();
-        if (result != CUDA_SUCCESS)
-            ferry_cuda_failed("cuStreamDestroy", result);
-    }
-    free(s);
+    object_destroy(stream, 0);
 }
 
 static ferry_status_t cuda_copy_async(void *stream, void *dst, const void *src, size_t length)
 {
-    cuda_stream_t *s = stream;
+    cuda_object_t *s = stream;
     if (s == NULL || (length > 0 && (dst == NULL || src == NULL)))
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = ferry_cuda_enter(s->device);
     if (status != FERRY_OK)
         return status;
     CUresult result = ferry_cuda.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
-                                               (CUdeviceptr)(uintptr_t)src, length, s->handle);
+                                               (CUdeviceptr)(uintptr_t)src, length, s->stream);
     ferry_cuda_leave();
     return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuMemcpyAsync", result);
 }
 
 static ferry_status_t cuda_event_create(int device, void **event_p)
 {
-    if (!device_valid(device) || event_p == NULL)
-        return FERRY_ERR_INVALID_PARAM;
-    cuda_event_t *e = calloc(1, sizeof(*e));
-    if (e == NULL)
-        return FERRY_ERR_NO_MEMORY;
-    ferry_status_t status = ferry_cuda_enter(device);
-    if (status != FERRY_OK) {
-        free(e);
+    cuda_object_t *e;
+    ferry_status_t status = object_begin(device, event_p, &e);
+    if (status != FERRY_OK)
         return status;
-    }
     /* No timing (cheaper records); blocking sync so event_wait sleeps
      * instead of spinning a core. */
-    CUresult result =
-        ferry_cuda.cuEventCreate(&e->handle, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
-    ferry_cuda_leave();
-    if (result != CUDA_SUCCESS) {
-        free(e);
-        return ferry_cuda_failed("cuEventCreate", result);
-    }
-    e->device = device;
-    *event_p = e;
-    return FERRY_OK;
+    return object_end(
+        e, ferry_cuda.cuEventCreate(&e->event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
+        "cuEventCreate", event_p);
 }
 
 static void cuda_event_destroy(void *event)
 {
-    cuda_event_t *e = event;
-    if (e == NULL)
-        return;
-    if (ferry_cuda_enter(e->device) == FERRY_OK) {
-        CUresult result = ferry_cuda.cuEventDestroy(e->handle);
-        ferry_cuda_leave();
-        if (result != CUDA_SUCCESS)
-            ferry_cuda_failed("cuEventDestroy", result);
-    }
-    free(e);
+    object_destroy(event, 1);
 }
 
 static ferry_status_t cuda_event_record(void *event, void *stream)
 {
-    cuda_event_t *e = event;
-    cuda_stream_t *s = stream;
+    cuda_object_t *e = event;
+    cuda_object_t *s = stream;
     if (e == NULL || s == NULL)
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = ferry_cuda_enter(s->device);
     if (status != FERRY_OK)
         return status;
-    CUresult result = ferry_cuda.cuEventRecord(e->handle, s->handle);
+    CUresult result = ferry_cuda.cuEventRecord(e->event, s->stream);
     ferry_cuda_leave();
     return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuEventRecord", result);
 }
 
 static ferry_status_t cuda_event_query(void *event)
 {
-    cuda_event_t *e = event;
+    cuda_object_t *e = event;
     if (e == NULL)
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = ferry_cuda_enter(e->device);
     if (status != FERRY_OK)
         return status;
-    CUresult result = ferry_cuda.cuEventQuery(e->handle);
+    CUresult result = ferry_cuda.cuEventQuery(e->event);
     ferry_cuda_leave();
     if (result == CUDA_SUCCESS)
         return FERRY_OK;
@@ -513,13 +513,13 @@ static ferry_status_t cuda_event_query(void *event)
 
 static ferry_status_t cuda_event_wait(void *event)
 {
-    cuda_event_t *e = event;
+    cuda_object_t *e = event;
     if (e == NULL)
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = ferry_cuda_enter(e->device);
     if (status != FERRY_OK)
         return status;
-    CUresult result = ferry_cuda.cuEventSynchronize(e->handle);
+    CUresult result = ferry_cuda.cuEventSynchronize(e->event);
     ferry_cuda_leave();
     return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuEventSynchronize", result);
 }

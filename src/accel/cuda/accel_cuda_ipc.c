@@ -21,6 +21,7 @@
  */
 #include "accel_cuda.h"
 #include "../accel_fd.h"
+#include "../accel_hex.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -65,7 +66,8 @@ static int legacy_capable(uintptr_t base)
 
 static ferry_status_t export_legacy(const ferry_accel_range_t *range, char *handle, size_t length)
 {
-    if (length < sizeof(LEGACY_PREFIX) + 2 * CU_IPC_HANDLE_SIZE)
+    size_t prefix = strlen(LEGACY_PREFIX);
+    if (length < prefix + 2 * CU_IPC_HANDLE_SIZE + 1)
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = ferry_cuda_enter(range->device);
     if (status != FERRY_OK)
@@ -75,9 +77,8 @@ static ferry_status_t export_legacy(const ferry_accel_range_t *range, char *hand
     ferry_cuda_leave();
     if (result != CUDA_SUCCESS)
         return ferry_cuda_failed("cuIpcGetMemHandle", result);
-    char *p = handle + snprintf(handle, length, LEGACY_PREFIX);
-    for (size_t i = 0; i < CU_IPC_HANDLE_SIZE; i++)
-        p += snprintf(p, 3, "%02x", (unsigned char)ipc.reserved[i]);
+    memcpy(handle, LEGACY_PREFIX, prefix);
+    ferry_accel_hex_encode(ipc.reserved, CU_IPC_HANDLE_SIZE, handle + prefix, length - prefix);
     return FERRY_OK;
 }
 
@@ -189,26 +190,11 @@ ferry_status_t ferry_cuda_ipc_export(const ferry_accel_range_t *range, char *han
 
 /* ---- open ---- */
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 static ferry_status_t open_legacy(const char *hex, int device, cuda_opened_t *o)
 {
     CUipcMemHandle ipc;
-    if (strlen(hex) != 2 * CU_IPC_HANDLE_SIZE)
+    if (ferry_accel_hex_decode(hex, ipc.reserved, CU_IPC_HANDLE_SIZE) != 0)
         return FERRY_ERR_INVALID_PARAM;
-    for (size_t i = 0; i < CU_IPC_HANDLE_SIZE; i++) {
-        int high = hex_value(hex[2 * i]), low = hex_value(hex[2 * i + 1]);
-        if (high < 0 || low < 0)
-            return FERRY_ERR_INVALID_PARAM;
-        ipc.reserved[i] = (char)(high << 4 | low);
-    }
     ferry_status_t status = ferry_cuda_enter(device);
     if (status != FERRY_OK)
         return status;

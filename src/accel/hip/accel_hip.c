@@ -35,6 +35,8 @@
 #include <hip/hip_runtime_api.h>
 #include <hip/hip_version.h>
 
+#include "../accel_hex.h"
+
 #define HIP_MAX_DEVICES 64
 #define HIP_PREFIX      "hip-ipc:"
 
@@ -369,9 +371,9 @@ static ferry_status_t hip_ipc_export(const ferry_accel_range_t *range, char *han
     leave(range->device, saved);
     if (error != hipSuccess)
         return hip_failed("hipIpcGetMemHandle", error);
-    char *p = handle + snprintf(handle, length, HIP_PREFIX);
-    for (size_t i = 0; i < HIP_IPC_HANDLE_SIZE; i++)
-        p += snprintf(p, 3, "%02x", (unsigned char)ipc.reserved[i]);
+    size_t prefix = strlen(HIP_PREFIX);
+    memcpy(handle, HIP_PREFIX, prefix);
+    ferry_accel_hex_encode(ipc.reserved, HIP_IPC_HANDLE_SIZE, handle + prefix, length - prefix);
     return FERRY_OK;
 }
 
@@ -379,16 +381,8 @@ static int parse_handle(const char *handle, hipIpcMemHandle_t *ipc)
 {
     if (strncmp(handle, HIP_PREFIX, strlen(HIP_PREFIX)) != 0)
         return 0;
-    const char *hex = handle + strlen(HIP_PREFIX);
-    if (strlen(hex) != 2 * HIP_IPC_HANDLE_SIZE)
-        return 0;
-    for (size_t i = 0; i < HIP_IPC_HANDLE_SIZE; i++) {
-        unsigned value;
-        if (sscanf(hex + 2 * i, "%2x", &value) != 1)
-            return 0;
-        ipc->reserved[i] = (char)value;
-    }
-    return 1;
+    return ferry_accel_hex_decode(handle + strlen(HIP_PREFIX), ipc->reserved,
+                                  HIP_IPC_HANDLE_SIZE) == 0;
 }
 
 static ferry_status_t hip_ipc_open(const char *handle, long owner_pid, int device, void **base_p,
@@ -455,128 +449,130 @@ static void hip_ipc_close(void *opened)
 
 /* ---- streams, events, copies ---- */
 
-typedef struct hip_stream {
-    hipStream_t handle;
+/* A stream or an event, and the device it was made on (set again for
+ * every later call on it). */
+typedef struct hip_object {
+    union {
+        hipStream_t stream;
+        hipEvent_t event;
+    };
     int device;
-} hip_stream_t;
+    int saved; /* the thread's device during creation */
+} hip_object_t;
 
-typedef struct hip_event {
-    hipEvent_t handle;
-    int device;
-} hip_event_t;
+/* Creation in two halves around the runtime call: check, allocate and
+ * enter; then leave and hand out (or free on failure). */
+static ferry_status_t object_begin(int device, void **out_p, hip_object_t **o_p)
+{
+    if (!device_valid(device) || out_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    hip_object_t *o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = enter(device, &o->saved);
+    if (status != FERRY_OK) {
+        free(o);
+        return status;
+    }
+    o->device = device;
+    *o_p = o;
+    return FERRY_OK;
+}
+
+static ferry_status_t object_end(hip_object_t *o, hipError_t error, const char *what, void **out_p)
+{
+    leave(o->device, o->saved);
+    if (error != hipSuccess) {
+        free(o);
+        return hip_failed(what, error);
+    }
+    *out_p = o;
+    return FERRY_OK;
+}
+
+static void object_destroy(hip_object_t *o, int is_event)
+{
+    int saved;
+    if (o == NULL)
+        return;
+    if (enter(o->device, &saved) == FERRY_OK) {
+        hipError_t error =
+            is_event ? hip.hipEventDestroy(o->event) : hip.hipStreamDestroy(o->stream);
+        leave(o->device, saved);
+        if (error != hipSuccess)
+            hip_failed(is_event ? "hipEventDestroy" : "hipStreamDestroy", error);
+    }
+    free(o);
+}
 
 static ferry_status_t hip_stream_create(int device, void **stream_p)
 {
-    int saved;
-    hip_stream_t *s = calloc(1, sizeof(*s));
-    if (s == NULL || stream_p == NULL) {
-        free(s);
-        return s == NULL ? FERRY_ERR_NO_MEMORY : FERRY_ERR_INVALID_PARAM;
-    }
-    ferry_status_t status = enter(device, &saved);
-    if (status != FERRY_OK) {
-        free(s);
+    hip_object_t *s;
+    ferry_status_t status = object_begin(device, stream_p, &s);
+    if (status != FERRY_OK)
         return status;
-    }
     /* non-blocking: independent of the application's null stream */
-    hipError_t error = hip.hipStreamCreateWithFlags(&s->handle, hipStreamNonBlocking);
-    leave(device, saved);
-    if (error != hipSuccess) {
-        free(s);
-        return hip_failed("hipStreamCreateWithFlags", error);
-    }
-    s->device = device;
-    *stream_p = s;
-    return FERRY_OK;
+    return object_end(s, hip.hipStreamCreateWithFlags(&s->stream, hipStreamNonBlocking),
+                      "hipStreamCreateWithFlags", stream_p);
 }
 
 static void hip_stream_destroy(void *stream)
 {
-    hip_stream_t *s = stream;
-    int saved;
-    if (s == NULL)
-        return;
-    if (enter(s->device, &saved) == FERRY_OK) {
-        hip.hipStreamDestroy(s->handle);
-        leave(s->device, saved);
-    }
-    free(s);
+    object_destroy(stream, 0);
 }
 
 static ferry_status_t hip_copy_async(void *stream, void *dst, const void *src, size_t length)
 {
-    hip_stream_t *s = stream;
+    hip_object_t *s = stream;
     int saved;
     if (s == NULL || (length > 0 && (dst == NULL || src == NULL)))
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = enter(s->device, &saved);
     if (status != FERRY_OK)
         return status;
-    hipError_t error = hip.hipMemcpyAsync(dst, src, length, hipMemcpyDefault, s->handle);
+    hipError_t error = hip.hipMemcpyAsync(dst, src, length, hipMemcpyDefault, s->stream);
     leave(s->device, saved);
     return error == hipSuccess ? FERRY_OK : hip_failed("hipMemcpyAsync", error);
 }
 
 static ferry_status_t hip_event_create(int device, void **event_p)
 {
-    int saved;
-    hip_event_t *e = calloc(1, sizeof(*e));
-    if (e == NULL || event_p == NULL) {
-        free(e);
-        return e == NULL ? FERRY_ERR_NO_MEMORY : FERRY_ERR_INVALID_PARAM;
-    }
-    ferry_status_t status = enter(device, &saved);
-    if (status != FERRY_OK) {
-        free(e);
+    hip_object_t *e;
+    ferry_status_t status = object_begin(device, event_p, &e);
+    if (status != FERRY_OK)
         return status;
-    }
     /* no timing (cheaper), blocking sync (event_wait sleeps) */
-    hipError_t error =
-        hip.hipEventCreateWithFlags(&e->handle, hipEventDisableTiming | hipEventBlockingSync);
-    leave(device, saved);
-    if (error != hipSuccess) {
-        free(e);
-        return hip_failed("hipEventCreateWithFlags", error);
-    }
-    e->device = device;
-    *event_p = e;
-    return FERRY_OK;
+    return object_end(
+        e, hip.hipEventCreateWithFlags(&e->event, hipEventDisableTiming | hipEventBlockingSync),
+        "hipEventCreateWithFlags", event_p);
 }
 
 static void hip_event_destroy(void *event)
 {
-    hip_event_t *e = event;
-    int saved;
-    if (e == NULL)
-        return;
-    if (enter(e->device, &saved) == FERRY_OK) {
-        hip.hipEventDestroy(e->handle);
-        leave(e->device, saved);
-    }
-    free(e);
+    object_destroy(event, 1);
 }
 
 static ferry_status_t hip_event_record(void *event, void *stream)
 {
-    hip_event_t *e = event;
-    hip_stream_t *s = stream;
+    hip_object_t *e = event;
+    hip_object_t *s = stream;
     int saved;
     if (e == NULL || s == NULL)
         return FERRY_ERR_INVALID_PARAM;
     ferry_status_t status = enter(s->device, &saved);
     if (status != FERRY_OK)
         return status;
-    hipError_t error = hip.hipEventRecord(e->handle, s->handle);
+    hipError_t error = hip.hipEventRecord(e->event, s->stream);
     leave(s->device, saved);
     return error == hipSuccess ? FERRY_OK : hip_failed("hipEventRecord", error);
 }
 
 static ferry_status_t hip_event_query(void *event)
 {
-    hip_event_t *e = event;
+    hip_object_t *e = event;
     if (e == NULL || !hip_ready())
         return FERRY_ERR_INVALID_PARAM;
-    hipError_t error = hip.hipEventQuery(e->handle);
+    hipError_t error = hip.hipEventQuery(e->event);
     if (error == hipSuccess)
         return FERRY_OK;
     return error == hipErrorNotReady ? FERRY_INPROGRESS : hip_failed("hipEventQuery", error);
@@ -584,10 +580,10 @@ static ferry_status_t hip_event_query(void *event)
 
 static ferry_status_t hip_event_wait(void *event)
 {
-    hip_event_t *e = event;
+    hip_object_t *e = event;
     if (e == NULL || !hip_ready())
         return FERRY_ERR_INVALID_PARAM;
-    hipError_t error = hip.hipEventSynchronize(e->handle);
+    hipError_t error = hip.hipEventSynchronize(e->event);
     return error == hipSuccess ? FERRY_OK : hip_failed("hipEventSynchronize", error);
 }
 
