@@ -174,6 +174,9 @@ typedef struct ferry_gpu_ipc {
  * ferry_info and tests. */
 extern atomic_ulong ferry_gpu_ipc_opens;
 extern atomic_ulong ferry_gpu_ipc_closes;
+/* Opens by the device they were made with ([0]: the vendor chose, [1 + n]:
+ * ordinal n): a peer's device is matched by UUID, not by its ordinal. */
+extern atomic_ulong ferry_gpu_ipc_opens_on[1 + FERRY_GPU_IPC_MAX_DEVICES];
 
 /* gpu_ipc_plugin.c */
 const ferry_accel_ops_t *ferry_gpu_ipc_vendor(void); /* the vendor file's */

@@ -133,6 +133,7 @@ static ferry_status_t import_open(ferry_gpu_ipc_peer_t *p, const char *key, uint
     }
     import->local_base = base;
     atomic_fetch_add(&ferry_gpu_ipc_opens, 1);
+    atomic_fetch_add(&ferry_gpu_ipc_opens_on[1 + import->device], 1);
     *import_p = import;
     return FERRY_OK;
 }

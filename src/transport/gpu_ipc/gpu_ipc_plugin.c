@@ -16,6 +16,7 @@
 
 atomic_ulong ferry_gpu_ipc_opens;
 atomic_ulong ferry_gpu_ipc_closes;
+atomic_ulong ferry_gpu_ipc_opens_on[1 + FERRY_GPU_IPC_MAX_DEVICES];
 
 static const ferry_setting_t gpu_ipc_settings[] = {
     {"STREAMS", "4", "the transport's own streams per device; runs of copies take them in turn",
@@ -231,13 +232,23 @@ static size_t gpu_ipc_slice_size(void *ctx)
     return ((ferry_gpu_ipc_t *)ctx)->settings.slice_size;
 }
 
+/* The counters are the process's: tests read them to count opens. */
 static void gpu_ipc_info(FILE *out)
 {
     const ferry_accel_ops_t *vendor = ferry_gpu_ipc_vendor();
     fprintf(out, "%s: GPU IPC transport for %s memory%s%s; this process opened %lu peer "
-            "allocations, closed %lu\n", name, vendor->kind,
+            "allocations, closed %lu", name, vendor->kind,
             vendor->hardware_note ? "; " : "", vendor->hardware_note ? vendor->hardware_note : "",
             atomic_load(&ferry_gpu_ipc_opens), atomic_load(&ferry_gpu_ipc_closes));
+    unsigned long any = atomic_load(&ferry_gpu_ipc_opens_on[0]);
+    if (any)
+        fprintf(out, "; opens on the vendor's choice of device: %lu", any);
+    for (int d = 0; d < FERRY_GPU_IPC_MAX_DEVICES; d++) {
+        unsigned long n = atomic_load(&ferry_gpu_ipc_opens_on[1 + d]);
+        if (n)
+            fprintf(out, "; opens on device %d: %lu", d, n);
+    }
+    fputc('\n', out);
 }
 
 static const ferry_transport_ops_t gpu_ipc_ops = {
