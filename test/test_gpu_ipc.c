@@ -434,6 +434,9 @@ Test(gpu_ipc, a_restarted_peer_is_reached_again)
     cr_assert_eq(xfer(FERRY_OP_WRITE, local, segment, a, 2 * MIB), FERRY_OK);
     peer_kill(&peer, SIGKILL);
     peer_stop(&peer);
+    /* The transport looks at a peer at most every 20 ms: within that, a
+     * write may still land in the dead peer's memory, which we hold open. */
+    usleep(50000);
     cr_assert_neq(xfer(FERRY_OP_WRITE, local, segment, a, 2 * MIB), FERRY_OK,
                   "a write to the dead peer succeeded");
 
