@@ -101,9 +101,8 @@ static ferry_status_t gpu_ipc_create(const ferry_transport_services_t *svc, void
     char why[256] = "";
     ferry_status_t status = vendor->init(why, sizeof(why));
     if (status != FERRY_OK) {
-        /* The module says why once, when the engine first loads it. */
         ferry_info("%s: not enabled: %s", name, why[0] ? why : ferry_status_string(status));
-        return status == FERRY_ERR_UNSUPPORTED ? status : FERRY_ERR_UNSUPPORTED;
+        return FERRY_ERR_UNSUPPORTED;
     }
     ferry_gpu_ipc_t *gpu = calloc(1, sizeof(*gpu));
     if (gpu == NULL)
@@ -273,8 +272,11 @@ static ferry_plugin_t gpu_ipc_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_TRANSPORT,
     .priority = GPU_IPC_PRIORITY,
+    /* Opt-in in the engine's sense: with no library or no device, create
+     * says UNSUPPORTED and the engine skips it without a word (the vendor's
+     * one line is ferry_info's); named in FERRY_TRANSPORTS, it is an error. */
     .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_ONE_SIDED |
-             FERRY_TRANSPORT_KEY_GRANTS_READ,
+             FERRY_TRANSPORT_KEY_GRANTS_READ | FERRY_TRANSPORT_OPT_IN,
     .settings = gpu_ipc_settings,
     .settings_count = FERRY_GPU_IPC_ARRAY_SIZE(gpu_ipc_settings),
     .ops = &gpu_ipc_ops,
