@@ -86,7 +86,8 @@ static uintptr_t peer_valloc(peer_process_t *peer, size_t length, int device)
 }
 
 /* The process's count of peer allocations the transport opened (device -1),
- * or of those opened with our device ordinal d, from ferry_info's line. */
+ * closed (device -2), or opened with our device ordinal d, from ferry_info's
+ * line. */
 static unsigned long opens(int device)
 {
     char *text = NULL;
@@ -104,8 +105,9 @@ static unsigned long opens(int device)
     unsigned long n = 0;
     if (device < 0) {
         cr_assert_not_null(at, "no \"%s\" in ferry_info's output:\n%s", needle, text);
-        at = strstr(at, "opened ");
-        cr_assert(at != NULL && sscanf(at, "opened %lu", &n) == 1);
+        const char *word = device == -1 ? "opened " : "closed ";
+        at = strstr(at, word);
+        cr_assert(at != NULL && sscanf(at + strlen(word), "%lu", &n) == 1);
     } else if (at != NULL) {
         n = strtoul(at + strlen(needle), NULL, 10);
     }
@@ -265,7 +267,7 @@ Test(gpu_ipc, an_allocation_made_again_at_a_freed_address_is_opened_anew)
     test_pattern_fill(local, 4 * MIB, 1);
     cr_assert_eq(xfer(FERRY_OP_WRITE, local, segment, a, 4 * MIB), FERRY_OK);
     cr_assert_str_eq(peer_cmd(&peer, "acheck 0x%" PRIxPTR " %zu 1", a, 4 * MIB), "OK");
-    unsigned long before = opens(-1);
+    unsigned long before = opens(-1), closed = opens(-2);
 
     cr_assert_str_eq(peer_cmd(&peer, "aunreg 0x%" PRIxPTR, a), "OK");
     cr_assert_str_eq(peer_cmd(&peer, "vfree 0x%" PRIxPTR, a), "OK");
@@ -281,6 +283,9 @@ Test(gpu_ipc, an_allocation_made_again_at_a_freed_address_is_opened_anew)
     cr_assert_str_eq(peer_cmd(&peer, "acheck 0x%" PRIxPTR " %zu 2", b, 4 * MIB), "OK",
                      "the write did not land in the new allocation");
     cr_assert_eq(opens(-1) - before, 1, "the new allocation was not opened (once)");
+    /* The owner's unregister told us (peer_changed): the old mapping, which
+     * would keep the freed memory alive, is closed. */
+    cr_assert_geq(opens(-2) - closed, 1, "the freed allocation is still open here");
     free(local);
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
@@ -520,5 +525,37 @@ Test(gpu_ipc, a_peer_device_is_matched_by_uuid_not_by_number)
     cr_assert_eq(opens(0), d0 + 1, "the peer's device 1 was not opened as our device 0");
     free(local);
     ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/* Teardown with copies in flight: stop waits for them (no copy lands in
+ * freed memory, no slice finishes after it) and the imports are closed. */
+Test(gpu_ipc, engine_destroy_with_copies_in_flight)
+{
+    use_gpu();
+    start_engine();
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    enum { N = 16 };
+    uintptr_t a = peer_valloc(&peer, N * 4 * MIB, 0);
+    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, N * 4 * MIB), "OK");
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    void *local = NULL;
+    cr_assert_eq(ferry_alloc(engine, 4 * MIB, location, 0, &local), FERRY_OK);
+    unsigned long closed = opens(-2);
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                                    .target_offset = a + (size_t)i * 4 * MIB,
+                                    .length = 4 * MIB, .transport = transport};
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    double start = now();
+    ferry_engine_destroy(engine); /* the batch, the buffer and the transport with it */
+    engine = NULL;
+    cr_assert_lt(now() - start, 10.0, "teardown took %.1f s", now() - start);
+    cr_assert_geq(opens(-2) - closed, 1, "the peer's allocation is still open after teardown");
     peer_stop(&peer);
 }
