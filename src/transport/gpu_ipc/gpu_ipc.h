@@ -28,14 +28,18 @@
  * mapped), and within what the key claims; otherwise the submit fails with
  * FERRY_ERR_OUT_OF_RANGE and nothing is written.
  *
- * Objects, locks, holders (locks never held across a vendor call that may
- * block for long: ipc_open and event_wait run unlocked):
+ * Objects, locks, holders (no lock a submit that hits the cache takes is held
+ * across a vendor call that may block for long: ipc_open runs under the
+ * peer's open_lock only, event_wait under none):
  *   ferry_gpu_ipc_t.peers_lock   the peer table (peers, each peer's `next`)
  *   ferry_gpu_ipc_peer_t.lock    that peer's imports (list, users, stale)
+ *   ferry_gpu_ipc_peer_t.open_lock  held across ipc_open, so that two submits
+ *                                missing the same import open it once
  *   ferry_gpu_ipc_t.runs_lock    the runs in flight (runs, runs_tail, each run's
  *                                `next`), stopping; the progress thread's cond
  *   ferry_gpu_ipc_device_t.lock  the device's streams (made once) and event pool
- * Order: peers_lock, then peer->lock; runs_lock and device->lock are leaves.
+ * Order: peers_lock, then peer->open_lock, then peer->lock; runs_lock and
+ * device->lock are leaves.
  *
  * Who holds a peer (refs): the table (dropped by peer_forget or destroy),
  * each batch cache slot that keeps it (peer_cache_release), each submit
@@ -117,6 +121,7 @@ typedef struct ferry_gpu_ipc_peer {
     atomic_int forgotten;           /* out of the table: cache slots look again */
     atomic_uint_fast64_t checked_ms;
     pthread_mutex_t lock;
+    pthread_mutex_t open_lock;      /* held across ipc_open: one open per handle */
     ferry_gpu_ipc_import_t *imports;
     struct ferry_gpu_ipc_peer *next; /* gpu->peers_lock */
 } ferry_gpu_ipc_peer_t;
