@@ -559,3 +559,63 @@ Test(gpu_ipc, engine_destroy_with_copies_in_flight)
     cr_assert_geq(opens(-2) - closed, 1, "the peer's allocation is still open after teardown");
     peer_stop(&peer);
 }
+
+/* ---- threads racing the first open of one allocation ---- */
+
+enum { RACERS = 8 };
+
+typedef struct racer {
+    ferry_segment_h segment;
+    uintptr_t remote;
+    unsigned char *local;
+    pthread_barrier_t *start;
+    ferry_status_t status;
+    pthread_t thread;
+} racer_t;
+
+static void *race_write(void *arg)
+{
+    racer_t *r = arg;
+    pthread_barrier_wait(r->start);
+    r->status = xfer(FERRY_OP_WRITE, r->local, r->segment, r->remote, 64 * 1024);
+    return NULL;
+}
+
+Test(gpu_ipc, threads_that_miss_the_cache_together_open_the_allocation_once)
+{
+    use_gpu();
+    start_engine();
+    peer_process_t peer;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    uintptr_t a = peer_valloc(&peer, RACERS * 64 * 1024, 0), first = peer_valloc(&peer, MIB, 0);
+    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %d", a, RACERS * 64 * 1024), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", first, MIB), "OK");
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    unsigned char *local = malloc(RACERS * 64 * 1024);
+    cr_assert_not_null(local);
+    /* The descriptor confirmed and the peer known: the racers meet only at
+     * the open of a. */
+    cr_assert_eq(xfer(FERRY_OP_WRITE, local, segment, first, 4096), FERRY_OK);
+    test_pattern_fill(local, RACERS * 64 * 1024, 17);
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, RACERS);
+    racer_t racers[RACERS];
+    unsigned long before = opens(-1);
+    for (int i = 0; i < RACERS; i++) {
+        racers[i] = (racer_t){.segment = segment, .remote = a + (size_t)i * 64 * 1024,
+                              .local = local + (size_t)i * 64 * 1024, .start = &start};
+        cr_assert_eq(pthread_create(&racers[i].thread, NULL, race_write, &racers[i]), 0);
+    }
+    for (int i = 0; i < RACERS; i++) {
+        pthread_join(racers[i].thread, NULL);
+        cr_assert_eq(racers[i].status, FERRY_OK, "racer %d", i);
+    }
+    pthread_barrier_destroy(&start);
+    cr_assert_eq(opens(-1) - before, 1, "%lu opens of one allocation", opens(-1) - before);
+    cr_assert_str_eq(peer_cmd(&peer, "acheck 0x%" PRIxPTR " %d 17", a, RACERS * 64 * 1024),
+                     "OK");
+    free(local);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
