@@ -272,11 +272,12 @@ static ferry_plugin_t gpu_ipc_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_TRANSPORT,
     .priority = GPU_IPC_PRIORITY,
-    /* Opt-in in the engine's sense: with no library or no device, create
-     * says UNSUPPORTED and the engine skips it without a word (the vendor's
-     * one line is ferry_info's); named in FERRY_TRANSPORTS, it is an error. */
+    /* Not opt-in: with no library or no device the engine leaves the
+     * transport out without a word, since its vendor is not usable (the
+     * vendor's one line is at info level and in ferry_info); a failure of a
+     * usable one is a warning, not the engine's failure. */
     .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_ONE_SIDED |
-             FERRY_TRANSPORT_KEY_GRANTS_READ | FERRY_TRANSPORT_OPT_IN,
+             FERRY_TRANSPORT_KEY_GRANTS_READ,
     .settings = gpu_ipc_settings,
     .settings_count = FERRY_GPU_IPC_ARRAY_SIZE(gpu_ipc_settings),
     .ops = &gpu_ipc_ops,
