@@ -74,6 +74,7 @@ typedef struct ferry_gpu_ipc_settings {
     unsigned streams;  /* per device */
     unsigned poll_us;  /* the progress thread's pause between looks while copies run */
     size_t slice_size; /* 0: one copy per request */
+    int pin_host;      /* page-lock registered host buffers */
 } ferry_gpu_ipc_settings_t;
 
 /* A parsed buffer key (pointers into the key string). */
@@ -89,7 +90,8 @@ typedef struct ferry_gpu_ipc_key {
 /* Our registration of a local device buffer (a slice's local_memh): the
  * device its copies run on when the peer's device is not one we see. */
 typedef struct ferry_gpu_ipc_memh {
-    int device;
+    int device;  /* -1: host memory */
+    void *pinned; /* host memory we page-locked (host_unregister at deregister), or NULL */
 } ferry_gpu_ipc_memh_t;
 
 /* One peer allocation opened in this process (peer->lock for users, stale
