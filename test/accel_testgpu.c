@@ -455,6 +455,62 @@ static void tg_host_free(void *ptr)
     munmap(block, *(size_t *)block);
 }
 
+/* Registered host buffers: bookkeeping only (a memfd stand-in has no bus to
+ * be faster on), so that the transport's register, BUSY and unregister
+ * paths run as on a GPU: a range overlapping one registered already is
+ * BUSY, like CUDA's CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. */
+typedef struct tg_pinned {
+    uintptr_t start;
+    size_t length;
+} tg_pinned_t;
+
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static tg_pinned_t *pinned;
+static size_t pinned_count, pinned_capacity;
+
+static ferry_status_t tg_host_register(void *ptr, size_t length)
+{
+    uintptr_t start = (uintptr_t)ptr;
+    if (ptr == NULL || length == 0 || length > UINTPTR_MAX - start)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_status_t status = FERRY_OK;
+    pthread_mutex_lock(&pinned_lock);
+    for (size_t i = 0; i < pinned_count && status == FERRY_OK; i++) {
+        if (start < pinned[i].start + pinned[i].length && pinned[i].start < start + length)
+            status = FERRY_ERR_BUSY;
+    }
+    if (status == FERRY_OK && pinned_count == pinned_capacity) {
+        size_t capacity = pinned_capacity ? pinned_capacity * 2 : 16;
+        tg_pinned_t *grown = realloc(pinned, capacity * sizeof(*grown));
+        if (grown == NULL) {
+            status = FERRY_ERR_NO_MEMORY;
+        } else {
+            pinned = grown;
+            pinned_capacity = capacity;
+        }
+    }
+    if (status == FERRY_OK)
+        pinned[pinned_count++] = (tg_pinned_t){start, length};
+    pthread_mutex_unlock(&pinned_lock);
+    return status;
+}
+
+static void tg_host_unregister(void *ptr)
+{
+    int found = 0;
+    pthread_mutex_lock(&pinned_lock);
+    for (size_t i = 0; i < pinned_count; i++) {
+        if (pinned[i].start == (uintptr_t)ptr) {
+            pinned[i] = pinned[--pinned_count];
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    if (!found)
+        ferry_error("testgpu: host_unregister of %p, which is not registered", ptr);
+}
+
 /* ---- IPC ---- */
 
 static ferry_status_t tg_ipc_export(const ferry_accel_range_t *range, char *handle, size_t length)
@@ -793,6 +849,8 @@ static const ferry_accel_ops_t tg_ops = {
     .event_query = tg_event_query,
     .event_wait = tg_event_wait,
     .copy = tg_copy,
+    .host_register = tg_host_register,
+    .host_unregister = tg_host_unregister,
 };
 
 const ferry_accel_ops_t *ferry_gpu_ipc_vendor(void);

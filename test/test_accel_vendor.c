@@ -222,3 +222,33 @@ Test(accel_vendor, export_gives_handle_text)
                  FERRY_ERR_INVALID_PARAM);
     vendor->mem_free(dev);
 }
+
+Test(accel_vendor, host_register_pins_once)
+{
+    if (!FERRY_ACCEL_OPS_HAS(vendor, host_unregister))
+        cr_skip_test("%s has no host_register", kind);
+    size_t n = 8 * MIB;
+    unsigned char *host = aligned_alloc(4096, n);
+    void *dev, *stream, *event;
+    test_pattern_fill(host, n, 9);
+    cr_assert_eq(vendor->host_register(host, n), FERRY_OK);
+    /* registered already (by the application, here by us): in use as it is */
+    cr_assert_eq(vendor->host_register(host, n), FERRY_ERR_BUSY);
+    cr_assert_eq(vendor->host_register(host + MIB, MIB), FERRY_ERR_BUSY);
+
+    cr_assert_eq(vendor->mem_alloc(0, n, &dev), FERRY_OK);
+    cr_assert_eq(vendor->stream_create(0, &stream), FERRY_OK);
+    cr_assert_eq(vendor->event_create(0, &event), FERRY_OK);
+    cr_assert_eq(vendor->copy_async(stream, dev, host, n), FERRY_OK);
+    cr_assert_eq(vendor->event_record(event, stream), FERRY_OK);
+    cr_assert_eq(vendor->event_wait(event), FERRY_OK);
+    expect_pattern(dev, n, 9);
+
+    vendor->host_unregister(host);
+    cr_assert_eq(vendor->host_register(host, n), FERRY_OK); /* undone: registers anew */
+    vendor->host_unregister(host);
+    vendor->event_destroy(event);
+    vendor->stream_destroy(stream);
+    vendor->mem_free(dev);
+    free(host);
+}

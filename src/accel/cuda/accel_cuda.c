@@ -375,6 +375,31 @@ static void cuda_host_free(void *ptr)
         ferry_cuda_failed("cuMemFreeHost", result);
 }
 
+/* Page-lock the application's host buffer (portable: for every context). */
+static ferry_status_t cuda_host_register(void *ptr, size_t length)
+{
+    if (ptr == NULL || length == 0)
+        return FERRY_ERR_INVALID_PARAM;
+    ferry_status_t status = ferry_cuda_enter(0);
+    if (status != FERRY_OK)
+        return status;
+    CUresult result = ferry_cuda.cuMemHostRegister(ptr, length, CU_MEMHOSTREGISTER_PORTABLE);
+    ferry_cuda_leave();
+    if (result == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        return FERRY_ERR_BUSY; /* the application's: used as it is, never undone by us */
+    return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuMemHostRegister", result);
+}
+
+static void cuda_host_unregister(void *ptr)
+{
+    if (ptr == NULL || ferry_cuda_enter(0) != FERRY_OK)
+        return;
+    CUresult result = ferry_cuda.cuMemHostUnregister(ptr);
+    ferry_cuda_leave();
+    if (result != CUDA_SUCCESS)
+        ferry_cuda_failed("cuMemHostUnregister", result);
+}
+
 /* ---- streams, events and copies ---- */
 
 /* A stream or an event, and the device whose context made it (pushed again
@@ -572,6 +597,8 @@ static const ferry_accel_ops_t cuda_ops = {
     .event_query = cuda_event_query,
     .event_wait = cuda_event_wait,
     .copy = cuda_copy,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
 };
 
 const ferry_accel_ops_t *ferry_gpu_ipc_vendor(void);

@@ -65,6 +65,8 @@
     X(cuMemFree)                                                                                   \
     X(cuMemHostAlloc)                                                                              \
     X(cuMemFreeHost)                                                                               \
+    X(cuMemHostRegister)                                                                           \
+    X(cuMemHostUnregister)                                                                         \
     X(cuMemGetAddressRange)                                                                        \
     X(cuIpcGetMemHandle)                                                                           \
     X(cuIpcOpenMemHandle)                                                                          \

@@ -58,6 +58,8 @@
     X(hipFree)                                                                                     \
     X(hipHostMalloc)                                                                               \
     X(hipHostFree)                                                                                 \
+    X(hipHostRegister)                                                                             \
+    X(hipHostUnregister)                                                                           \
     X(hipIpcGetMemHandle)                                                                          \
     X(hipIpcOpenMemHandle)                                                                         \
     X(hipIpcCloseMemHandle)                                                                        \
@@ -351,6 +353,26 @@ static void hip_host_free(void *ptr)
         hip_failed("hipHostFree", error);
 }
 
+/* Page-lock the application's host buffer (portable: for every device). */
+static ferry_status_t hip_host_register(void *ptr, size_t length)
+{
+    if (!hip_ready() || ptr == NULL || length == 0)
+        return FERRY_ERR_INVALID_PARAM;
+    hipError_t error = hip.hipHostRegister(ptr, length, hipHostRegisterPortable);
+    if (error == hipErrorHostMemoryAlreadyRegistered)
+        return FERRY_ERR_BUSY; /* the application's: used as it is, never undone by us */
+    return error == hipSuccess ? FERRY_OK : hip_failed("hipHostRegister", error);
+}
+
+static void hip_host_unregister(void *ptr)
+{
+    if (ptr == NULL || !hip_ready())
+        return;
+    hipError_t error = hip.hipHostUnregister(ptr);
+    if (error != hipSuccess)
+        hip_failed("hipHostUnregister", error);
+}
+
 /* ---- IPC ---- */
 
 typedef struct hip_opened {
@@ -634,6 +656,8 @@ static const ferry_accel_ops_t hip_ops = {
     .event_query = hip_event_query,
     .event_wait = hip_event_wait,
     .copy = hip_copy,
+    .host_register = hip_host_register,
+    .host_unregister = hip_host_unregister,
 };
 
 const ferry_accel_ops_t *ferry_gpu_ipc_vendor(void);
