@@ -30,6 +30,10 @@ void ferry_plugin_list_release(ferry_plugin_list_t *list);
 const char *ferry_plugin_default_dir(void);
 int ferry_plugin_is_builtin(const ferry_plugin_t *plugin);
 
+/* accel_info.c: ferry_info's devices section (each accelerator module in
+ * module_dir, its state or why it cannot be used, its devices). */
+void ferry_accel_print(FILE *out, const char *module_dir);
+
 /* ---------------- registry.c: the engine's registered ranges ---------------- */
 
 typedef struct ferry_reg_entry {
