@@ -9,6 +9,8 @@
  *     checks the bytes at that moment: NOTIFY <from> <text> OK or BAD <index>)
  *   alloc LEN [LOCATION] (ferry_alloc, "cpu" by default; replies ALLOC <hex address>)
  *   free 0xADDRESS
+ *   afill 0xADDRESS LEN SEED   acheck 0xADDRESS LEN SEED (absolute addresses, host or
+ *     device memory: device memory is filled and checked through its vendor's copies)
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
  * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
  * FERRY_TEST_PEER_NETNS=NAME: the peer first joins network namespace NAME
@@ -25,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/core/core.h"
 #include "../src/util/tsan_annotate.h"
 #include "netns_pair.h"
 #include "test_pattern.h"
@@ -71,6 +74,53 @@ static void notify_check(ferry_engine_h engine, unsigned long long ms, const uns
     fflush(stdout);
 }
 
+/* The vendor whose device memory p is, NULL for host memory. */
+static const ferry_accel_ops_t *device_of(const void *p)
+{
+    const ferry_accel_ops_t *vendors[FERRY_ACCEL_VENDORS_MAX];
+    size_t n = ferry_accel_vendors(getenv("FERRY_MODULE_DIR"), vendors, FERRY_ACCEL_VENDORS_MAX,
+                                   1);
+    ferry_accel_range_t range;
+    for (size_t i = 0; i < n; i++)
+        if (vendors[i]->pointer_query(p, &range) == FERRY_OK)
+            return vendors[i];
+    return NULL;
+}
+
+/* What fill, check and sum do, on host memory or (through a host copy)
+ * device memory, which the CPU must not touch. */
+enum mem_op { MEM_FILL, MEM_CHECK, MEM_SUM, MEM_ZERO };
+
+static uint64_t mem_do(enum mem_op op, unsigned char *p, size_t length, unsigned seed)
+{
+    const ferry_accel_ops_t *device = device_of(p);
+    unsigned char *host = p;
+    if (device != NULL && (host = malloc(length)) == NULL)
+        return SIZE_MAX - 1;
+    if (device != NULL && op != MEM_FILL && op != MEM_ZERO &&
+        device->copy(host, p, length) != FERRY_OK) {
+        free(host);
+        return SIZE_MAX - 1;
+    }
+    uint64_t result = 0;
+    FERRY_TSAN_IGNORE_BEGIN();
+    if (op == MEM_FILL)
+        test_pattern_fill(host, length, seed);
+    else if (op == MEM_ZERO)
+        memset(host, 0, length);
+    else if (op == MEM_CHECK)
+        result = test_pattern_check(host, length, seed);
+    else
+        result = test_checksum(host, length);
+    FERRY_TSAN_IGNORE_END();
+    if (device != NULL && (op == MEM_FILL || op == MEM_ZERO) &&
+        device->copy(p, host, length) != FERRY_OK)
+        result = SIZE_MAX - 1;
+    if (device != NULL)
+        free(host);
+    return result;
+}
+
 int main(int argc, char **argv)
 {
     size_t arena_size = argc > 1 ? strtoull(argv[1], NULL, 0) : ((size_t)80 << 20);
@@ -110,9 +160,7 @@ int main(int argc, char **argv)
      * our transports' threads serving it) while registered; the commands on
      * stdin order those copies with our fill, check and sum, which
      * ThreadSanitizer cannot follow (util/tsan_annotate.h). */
-    FERRY_TSAN_IGNORE_BEGIN();
-    memset(arena, 0, arena_size);
-    FERRY_TSAN_IGNORE_END();
+    mem_do(MEM_ZERO, arena, arena_size, 0);
     printf("READY %s %" PRIxPTR " %zu\n", ferry_engine_segment_name(engine), (uintptr_t)arena,
            arena_size);
     fflush(stdout);
@@ -127,7 +175,7 @@ int main(int argc, char **argv)
             sscanf(line, "%*s %*s %*s %7s", mode);
             unsigned flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
                              (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0);
-            status = ferry_register(engine, arena + a, (size_t)b, "cpu", flags);
+            status = ferry_register(engine, arena + a, (size_t)b, "*", flags);
         } else if (strcmp(cmd, "unreg") == 0) {
             status = ferry_unregister(engine, arena + a);
         } else if (strcmp(cmd, "alloc") == 0 && b == 0) {
@@ -142,25 +190,22 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(cmd, "free") == 0) {
             status = ferry_free(engine, (void *)(uintptr_t)a);
-        } else if (strcmp(cmd, "fill") == 0 && a + b <= arena_size) {
-            FERRY_TSAN_IGNORE_BEGIN();
-            test_pattern_fill(arena + a, (size_t)b, (unsigned)c);
-            FERRY_TSAN_IGNORE_END();
-            status = FERRY_OK;
-        } else if (strcmp(cmd, "check") == 0 && a + b <= arena_size) {
-            FERRY_TSAN_IGNORE_BEGIN();
-            size_t bad = test_pattern_check(arena + a, (size_t)b, (unsigned)c);
-            FERRY_TSAN_IGNORE_END();
+        } else if ((strcmp(cmd, "fill") == 0 && a + b <= arena_size) ||
+                   (strcmp(cmd, "afill") == 0 && n == 4)) {
+            unsigned char *at = cmd[0] == 'a' ? (unsigned char *)(uintptr_t)a : arena + a;
+            status = mem_do(MEM_FILL, at, (size_t)b, (unsigned)c) == 0 ? FERRY_OK : FERRY_ERR_IO;
+        } else if ((strcmp(cmd, "check") == 0 && a + b <= arena_size) ||
+                   (strcmp(cmd, "acheck") == 0 && n == 4)) {
+            unsigned char *at = cmd[0] == 'a' ? (unsigned char *)(uintptr_t)a : arena + a;
+            uint64_t bad = mem_do(MEM_CHECK, at, (size_t)b, (unsigned)c);
             if (bad != SIZE_MAX) {
-                printf("BAD %zu\n", bad);
+                printf("BAD %llu\n", (unsigned long long)bad);
                 fflush(stdout);
                 continue;
             }
             status = FERRY_OK;
         } else if (strcmp(cmd, "sum") == 0 && a + b <= arena_size) {
-            FERRY_TSAN_IGNORE_BEGIN();
-            uint64_t sum = test_checksum(arena + a, (size_t)b);
-            FERRY_TSAN_IGNORE_END();
+            uint64_t sum = mem_do(MEM_SUM, arena + a, (size_t)b, 0);
             printf("SUM %016" PRIx64 "\n", sum);
             fflush(stdout);
             continue;

@@ -110,13 +110,26 @@ Test(registry, malformed_locations_are_refused)
         cr_assert_eq(ferry_alloc(engine, 4096, bad[i], 0, &mem), FERRY_ERR_INVALID_PARAM,
                      "alloc location %zu", i);
     }
-    const char *good[] = {"cpu", "cpu:1", "cuda:0", "rocm:3", "cxl", "", "cuda:GPU-5f2a.1_b"};
+    const char *good[] = {"cpu", "cpu:1", "numa:3", "cxl", "", "cpu:GPU-5f2a.1_b"};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         cr_assert_eq(ferry_register(engine, arena + 8192 * i, 4096, good[i], 0), FERRY_OK,
                      "location %s", good[i]);
     }
     cr_assert_eq(published_buffers(), (int)(sizeof(good) / sizeof(good[0])),
                  "the descriptor encodes and decodes");
+}
+
+/* Host memory is not device memory, whether or not a module for the
+ * device kind is there: never published as such. */
+Test(registry, host_memory_at_a_device_location_is_refused)
+{
+    const char *device[] = {"cuda:0", "hip:0", "rocm:3", "cuda:GPU-5f2a.1_b"};
+    for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) {
+        ferry_status_t status = ferry_register(engine, arena, 4096, device[i], 0);
+        cr_assert(status == FERRY_ERR_INVALID_PARAM || status == FERRY_ERR_UNSUPPORTED,
+                  "%s: %s", device[i], ferry_status_string(status));
+    }
+    cr_assert_eq(published_buffers(), 0);
 }
 
 Test(registry, batch_is_all_or_nothing)

@@ -304,6 +304,7 @@ void ferry_ucx_posting_end(ferry_ucx_worker_t *w);
 void ferry_ucx_print_info(FILE *out);
 
 /* ---- ucx_mem.c ---- */
+int ferry_ucx_local_memory(void *ctx, const char *location);
 ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
                                       char **key_p, void **memh_p);
 /* The transport's mem_alloc op: ucp_mem_map(UCP_MEM_MAP_ALLOCATE). */

@@ -98,6 +98,7 @@ static int location_memory_type(const char *location, ucs_memory_type_t *type_p)
         {"cuda", UCS_MEMORY_TYPE_CUDA},
         {"rocm_managed", UCS_MEMORY_TYPE_ROCM_MANAGED},
         {"rocm", UCS_MEMORY_TYPE_ROCM},
+        {"hip", UCS_MEMORY_TYPE_ROCM},
     };
     if (ferry_location_is_host(location)) {
         *type_p = UCS_MEMORY_TYPE_HOST;
@@ -168,9 +169,30 @@ static ferry_status_t map_and_pack(ferry_ucx_t *ucx, ucp_mem_map_params_t *param
     return FERRY_OK;
 }
 
+/* Whether UCX moves memory at that location itself: host memory, or
+ * device memory of a type this UCX was built for (a UCX without CUDA
+ * support would copy "cuda" memory with the CPU on the target). */
+int ferry_ucx_local_memory(void *ctx, const char *location)
+{
+    ferry_ucx_t *ucx = ctx;
+    ucs_memory_type_t type;
+    if (ferry_location_is_host(location))
+        return 1;
+    if (!location_memory_type(location, &type))
+        return 0; /* a device kind UCX has no name for (the test suite's) */
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    return ucp_context_query(ucx->context, &attr) == UCS_OK &&
+           (attr.memory_types & UCS_BIT(type)) != 0;
+}
+
 ferry_status_t ferry_ucx_mem_register(void *ctx, void *addr, size_t length, const char *location,
                                       char **key_p, void **memh_p)
 {
+    if (!ferry_ucx_local_memory(ctx, location)) {
+        *key_p = NULL;
+        *memh_p = NULL;
+        return FERRY_ERR_UNSUPPORTED; /* the engine stages it, peers use another transport */
+    }
     ucp_mem_map_params_t params = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
         .address = addr,

@@ -251,6 +251,7 @@ static const ferry_transport_ops_t ucx_ops = {
     .progress_leave = ferry_ucx_progress_leave,
     .peer_cache_release = ferry_ucx_peer_cache_release,
     .stop = ucx_stop,
+    .local_memory = ferry_ucx_local_memory,
 };
 
 static const ferry_plugin_t ucx_plugin = {

@@ -28,6 +28,7 @@ typedef enum ferry_status {
     FERRY_ERR_BUSY = -6,
     FERRY_ERR_UNSUPPORTED = -7,
     FERRY_ERR_TOO_MANY = -8,
+    FERRY_ERR_NOT_FOUND = -9, /* e.g. a pointer that is no memory of this accelerator */
 
     /* resource errors: the machine said no */
     FERRY_ERR_NO_MEMORY = -20,

@@ -30,6 +30,14 @@ typedef struct request_state {
     int wanted;                         /* the request's own transport, -1: none */
     int desc_transport;                 /* index in desc->transports */
     ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
+    /* The local buffer is device memory of this vendor (NULL: host).  When
+     * the transport takes host memory only, each slice goes through a
+     * staging buffer: chunks[i] is slice i's, from launch until its
+     * slice_done (or until a refused submit gives it back). */
+    const ferry_accel_ops_t *local_accel;
+    int staged;
+    ferry_stage_chunk_t **chunks;
+    size_t chunks_cap;
     int copier;                         /* counted in at segment (epoch), -1: not */
     ferry_slice_t *slices;              /* kept across submits of this slot */
     size_t slices_cap;
@@ -129,9 +137,35 @@ static void request_fail(request_state_t *req, ferry_status_t status)
     request_finish(req);
 }
 
+/* Give back the staging buffers the request holds. */
+static void unstage(ferry_engine_t *engine, request_state_t *req)
+{
+    for (size_t i = 0; req->staged && i < req->n_slices; i++) {
+        if (req->chunks[i] != NULL)
+            ferry_stage_put(engine, req->chunks[i]);
+        req->chunks[i] = NULL;
+    }
+}
+
+/* A staged slice is done: a READ's bytes go on to the device; its buffer
+ * goes back. */
+static ferry_status_t unstage_slice(request_state_t *req, ferry_slice_t *slice,
+                                    ferry_status_t status)
+{
+    size_t i = (size_t)(slice - req->slices);
+    void *device = (char *)req->local + (slice->remote_addr - req->remote_addr);
+    if (status == FERRY_OK && req->opcode == FERRY_OP_READ)
+        status = req->local_accel->copy(device, slice->local, slice->length);
+    ferry_stage_put(req->batch->engine, req->chunks[i]);
+    req->chunks[i] = NULL;
+    return status;
+}
+
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
 {
     request_state_t *req = slice->owner;
+    if (req->staged)
+        status = unstage_slice(req, slice, status);
     if (status != FERRY_OK) {
         int expected = 0;
         atomic_compare_exchange_strong(&req->error, &expected, (int)status);
@@ -227,6 +261,17 @@ static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_stat
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
 }
 
+/* The vendor of the local buffer's device memory, NULL for host memory:
+ * its registration says, else (when accelerators are in use) its pointer. */
+static const ferry_accel_ops_t *local_memory(const ferry_engine_t *engine,
+                                             const request_state_t *req)
+{
+    if (req->local_entry != NULL)
+        return req->local_entry->accel;
+    ferry_accel_range_t range;
+    return engine->n_accel ? ferry_engine_accel_query(engine, req->local, &range) : NULL;
+}
+
 /* prev: the request resolved just before in the same submit, or NULL. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev)
@@ -244,6 +289,8 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->buffer = NULL;
     req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
+    req->local_accel = NULL;
+    req->staged = 0;
     req->copier = -1;
     req->slices_made = req->peer_made = 0;
     if ((in->opcode != FERRY_OP_READ && in->opcode != FERRY_OP_WRITE) || in->local == NULL ||
@@ -291,6 +338,8 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                     (unsigned long long)req->remote_addr, req->length);
     if (status == FERRY_OK && (req->local_entry = local_entry(engine, req, prev)) != NULL)
         batch->kept_entry = req->local_entry;
+    if (status == FERRY_OK)
+        req->local_accel = local_memory(engine, req);
     return status;
 }
 
@@ -314,10 +363,16 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
                                                         access, &token);
     if (status == FERRY_OK) {
         void *remote = (void *)(uintptr_t)req->remote_addr;
-        if (req->opcode == FERRY_OP_WRITE)
-            memmove(remote, req->local, req->length);
+        void *dst = req->opcode == FERRY_OP_WRITE ? remote : req->local;
+        const void *src = req->opcode == FERRY_OP_WRITE ? req->local : remote;
+        /* Device memory on either side: the vendor copies, never the CPU. */
+        const ferry_accel_ops_t *accel = ((const ferry_reg_entry_t *)token)->accel;
+        if (accel == NULL)
+            accel = req->local_accel;
+        if (accel != NULL)
+            status = accel->copy(dst, src, req->length);
         else
-            memmove(req->local, remote, req->length);
+            memmove(dst, src, req->length);
         ferry_engine_access_release(engine, token);
     }
     if (status == FERRY_OK)
@@ -339,8 +394,38 @@ static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *req)
 
 /* Cut the request into its transport's slices, linked by next (again only
  * the links, when they were cut for this resolution and local entry). */
+/* Whether the request's local buffer is device memory its transport does
+ * not take (it is staged). */
+static int needs_staging(const ferry_engine_t *engine, const request_state_t *req)
+{
+    if (req->local_accel == NULL)
+        return 0;
+    unsigned takes = engine->transports[req->transport].local_device;
+    for (size_t a = 0; a < engine->n_accel; a++)
+        if (engine->accel[a] == req->local_accel)
+            return (takes & (1u << a)) == 0;
+    return 1;
+}
+
+/* Slice i of a staged request gets its buffer; a WRITE's bytes come off
+ * the device into it now. */
+static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, size_t i,
+                                  ferry_slice_t *slice, size_t offset)
+{
+    req->chunks[i] = ferry_stage_get(engine, req->local_accel);
+    if (req->chunks[i] == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    void *device = (char *)req->local + offset;
+    slice->local = ferry_stage_buffer(req->chunks[i]);
+    slice->local_memh = NULL;
+    if (req->opcode == FERRY_OP_WRITE)
+        return req->local_accel->copy(slice->local, device, slice->length);
+    return FERRY_OK;
+}
+
 static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
+    req->staged = needs_staging(engine, req);
     if (req->slices_made && req->slices_entry == req->local_entry) {
         for (size_t i = 0; i < req->n_slices; i++)
             req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
@@ -348,6 +433,8 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         return FERRY_OK;
     }
     size_t slice_size = engine->transports[req->transport].slice_size;
+    if (req->staged && (slice_size == 0 || slice_size > engine->stage.chunk_size))
+        slice_size = engine->stage.chunk_size;
     if (slice_size == 0 || slice_size > req->length)
         slice_size = req->length;
     size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
@@ -357,6 +444,13 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
             return FERRY_ERR_NO_MEMORY;
         req->slices = grown;
         req->slices_cap = count;
+    }
+    if (req->staged && count > req->chunks_cap) {
+        ferry_stage_chunk_t **grown = realloc(req->chunks, count * sizeof(*grown));
+        if (grown == NULL)
+            return FERRY_ERR_NO_MEMORY;
+        req->chunks = grown;
+        req->chunks_cap = count;
     }
     const char *key = req->buffer->keys[req->desc_transport];
     void *memh = req->local_entry ? req->local_entry->memh[req->transport] : NULL;
@@ -370,10 +464,25 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         slice->local_memh = memh;
         slice->owner = req;
         slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
+        if (req->staged)
+            req->chunks[i] = NULL;
     }
     req->n_slices = count;
+    for (size_t i = 0, offset = 0; req->staged && i < count; i++, offset += slice_size) {
+        ferry_status_t status = stage_slice(engine, req, i, &req->slices[i], offset);
+        if (status != FERRY_OK) {
+            ferry_error("staging a %zu-byte %s of device memory failed: %s", req->length,
+                        req->opcode == FERRY_OP_WRITE ? "write" : "read",
+                        ferry_status_string(status));
+            unstage(engine, req);
+            req->slices_made = 0;
+            return status;
+        }
+    }
     req->slices_entry = req->local_entry;
-    req->slices_made = 1;
+    /* Staged slices point at buffers that go back when they are done: cut
+     * them anew each launch. */
+    req->slices_made = !req->staged;
     atomic_store_explicit(&req->slices_left, count, memory_order_release);
     return FERRY_OK;
 }
@@ -413,9 +522,12 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
     }
     if (status == FERRY_OK)
         status = submit_slices(engine, &reqs[0]);
-    if (status != FERRY_OK)
+    if (status != FERRY_OK) {
         for (size_t i = 0; i < counted; i++)
             copier_leave(&reqs[i]);
+        for (size_t i = 0; i < n; i++)
+            unstage(engine, &reqs[i]);
+    }
     return status;
 }
 
@@ -436,8 +548,10 @@ static ferry_status_t send_request(ferry_engine_t *engine, request_state_t *req)
     status = prepare_slices(engine, req);
     if (status == FERRY_OK)
         status = submit_slices(engine, req);
-    if (status != FERRY_OK)
+    if (status != FERRY_OK) {
         copier_leave(req);
+        unstage(engine, req);
+    }
     return status;
 }
 
@@ -595,6 +709,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
     ferry_engine_t *engine = batch->engine;
     if ((req->local_entry = local_entry(engine, req, NULL)) != NULL)
         batch->kept_entry = req->local_entry;
+    req->local_accel = local_memory(engine, req);
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
     launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
     return 1;
@@ -815,8 +930,10 @@ static void batch_free(ferry_batch_t *batch)
     ferry_handle_free(batch->handle);
     for (size_t i = 0; i < batch->used; i++)
         request_release(batch->engine, &batch->requests[i]);
-    for (size_t i = 0; i < batch->max; i++)
+    for (size_t i = 0; i < batch->max; i++) {
         free(batch->requests[i].slices);
+        free(batch->requests[i].chunks);
+    }
     if (batch->notify_desc)
         ferry_descriptor_unref(batch->notify_desc);
     free(batch->notify_msg);

@@ -6,6 +6,7 @@
 #include "../util/util.h"
 
 #define FERRY_MAX_TRANSPORTS 8
+#define FERRY_ACCEL_VENDORS_MAX 4
 #define FERRY_DESCRIPTOR_VERSION 1
 #define FERRY_LOCAL_TRANSPORT_NAME "local"
 
@@ -30,10 +31,6 @@ void ferry_plugin_list_release(ferry_plugin_list_t *list);
 const char *ferry_plugin_default_dir(void);
 int ferry_plugin_is_builtin(const ferry_plugin_t *plugin);
 
-/* accel_info.c: ferry_info's devices section (each accelerator module in
- * module_dir, its state or why it cannot be used, its devices). */
-void ferry_accel_print(FILE *out, const char *module_dir);
-
 /* ---------------- registry.c: the engine's registered ranges ---------------- */
 
 typedef struct ferry_reg_entry {
@@ -53,8 +50,12 @@ typedef struct ferry_reg_entry {
      * it, after every other transport let go), or FERRY_ALLOC_HEAP. */
     int allocated;
     int alloc_transport;
+    /* Device memory: its vendor (set at registration, from the location
+     * agreed with the pointer); NULL for host memory. */
+    const ferry_accel_ops_t *accel;
 } ferry_reg_entry_t;
 #define FERRY_ALLOC_HEAP (-1)
+#define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
 #define FERRY_REG_DYING 0x80000000u
 
 /* Take a hold on an entry found without the registry lock (a batch's kept
@@ -250,6 +251,9 @@ typedef struct ferry_transport_instance {
     char *address;
     size_t slice_size; /* ops->slice_size, asked once: 0 = no slicing */
     int one_sided;     /* FERRY_TRANSPORT_ONE_SIDED: requests count as copiers */
+    /* Bit i: submit takes local device memory of the engine's accel[i]
+     * (ops->local_memory), asked once after create; else the engine stages. */
+    unsigned local_device;
 } ferry_transport_instance_t;
 
 typedef struct ferry_subscriber {
@@ -281,7 +285,22 @@ typedef struct ferry_engine_settings {
     size_t copy_nt_min;
     char *copy_threads;
     size_t copy_parallel_min;
+    size_t stage_chunk;
+    size_t stage_pinned_max;
 } ferry_engine_settings_t;
+
+/* stage.c: page-locked host buffers through which device memory goes to
+ * and from transports that take host memory only.  lock guards the lists
+ * and `pinned`. */
+typedef struct ferry_stage_chunk ferry_stage_chunk_t;
+typedef struct ferry_stage_pool {
+    pthread_mutex_t lock;
+    ferry_stage_chunk_t *chunks; /* free buffers */
+    struct stage_lane *lanes;    /* free streams with their events */
+    size_t pinned;               /* bytes of page-locked buffers made */
+    size_t chunk_size;
+    size_t pinned_max;
+} ferry_stage_pool_t;
 
 struct ferry_engine {
     uint64_t handle;
@@ -336,6 +355,13 @@ struct ferry_engine {
 
     pthread_mutex_t batches_lock;
     ferry_batch_t *batches;
+
+    /* The usable accelerator vendors (fixed after create) and the staging
+     * buffers for their memory. */
+    size_t n_accel;
+    const ferry_accel_ops_t *accel[FERRY_ACCEL_VENDORS_MAX];
+    ferry_stage_pool_t stage;
+    int stage_ready; /* stage initialized (create got that far) */
 };
 
 ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);
@@ -404,6 +430,55 @@ void ferry_batch_release_peer_caches(ferry_engine_t *engine);
 void ferry_batch_free_all(ferry_engine_t *engine);
 /* An unregistered entry is going: no batch may keep pointing at it. */
 void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *entry);
+
+/* ---------------- accel.c: accelerator vendors ---------------- */
+
+/* The usable vendors (init succeeded) among the modules in module_dir,
+ * each initialized once per process; quiet: no debug line per unusable one. */
+size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max,
+                           int quiet);
+/* The usable vendor of that kind ("cuda"), or NULL. */
+const ferry_accel_ops_t *ferry_accel_find(const char *module_dir, const char *kind);
+/* Every accelerator module, its state and devices (ferry_info). */
+void ferry_accel_print(FILE *out, const char *module_dir);
+void ferry_engine_accel_start(ferry_engine_t *engine);
+/* The vendor a location names ("cuda:0"), NULL for any other location. */
+const ferry_accel_ops_t *ferry_engine_accel_of(const ferry_engine_t *engine,
+                                               const char *location);
+/* The vendor whose device memory addr is (and its allocation), or NULL. */
+const ferry_accel_ops_t *ferry_engine_accel_query(const ferry_engine_t *engine, const void *addr,
+                                                  ferry_accel_range_t *range_p);
+/* The location a registration gets: asked, or what "*" detects; an error
+ * (logged) when asked contradicts the pointer.  *vendor_p: device memory's
+ * vendor, NULL for host memory. */
+ferry_status_t ferry_engine_location_resolve(const ferry_engine_t *engine, const void *addr,
+                                             size_t length, const char *asked, char *resolved,
+                                             size_t resolved_length,
+                                             const ferry_accel_ops_t **vendor_p);
+/* Shareable device memory at a device location; FERRY_ERR_UNSUPPORTED when
+ * no usable vendor has that kind. */
+ferry_status_t ferry_engine_device_alloc(const ferry_engine_t *engine, const char *location,
+                                         size_t length, void **addr_p,
+                                         const ferry_accel_ops_t **vendor_p);
+
+/* stage.c */
+void ferry_stage_pool_init(ferry_stage_pool_t *pool, size_t chunk_size, size_t pinned_max);
+void ferry_stage_pool_fini(ferry_stage_pool_t *pool);
+/* A buffer of engine->stage.chunk_size bytes (page-locked while the pool's
+ * bound allows), NULL when out of memory. */
+ferry_stage_chunk_t *ferry_stage_get(ferry_engine_t *engine, const ferry_accel_ops_t *vendor);
+void ferry_stage_put(ferry_engine_t *engine, ferry_stage_chunk_t *chunk);
+void *ferry_stage_buffer(const ferry_stage_chunk_t *chunk);
+/* The services of the same names (plugin.h). */
+int ferry_engine_access_is_device(void *engine, void *token);
+ferry_status_t ferry_engine_stage_in(void *engine, void *token, void *dst, size_t length,
+                                     ferry_status_t (*fill)(void *arg, void *buffer,
+                                                            size_t length),
+                                     void *arg);
+ferry_status_t ferry_engine_stage_out(void *engine, void *token, const void *src, size_t length,
+                                      ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                              size_t length),
+                                      void *arg);
 
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);

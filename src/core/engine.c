@@ -67,6 +67,12 @@ static const ferry_setting_t engine_settings[] = {
     SETTING("COPY_PARALLEL_MIN", "1m", "a same-host copy run (one submit's copies) of at least "
             "this many bytes is shared with the copy helpers", copy_parallel_min,
             FERRY_SETTING_SIZE),
+    SETTING("STAGE_CHUNK", "1m", "device memory moved by a transport that takes host memory "
+            "only (tcp, shm, cxl, a UCX without GPU support) goes through host buffers of this "
+            "size (requests are cut into slices of at most this)", stage_chunk,
+            FERRY_SETTING_SIZE),
+    SETTING("STAGE_PINNED_MAX", "64m", "page-locked bytes the staging buffers may take in all; "
+            "past it they are pageable (slower copies)", stage_pinned_max, FERRY_SETTING_SIZE),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -278,6 +284,18 @@ static int name_in_list(const char *list, const char *name)
     return 0;
 }
 
+/* Which of the vendors' device memory the transport takes as a local
+ * buffer (the others it gets staged). */
+static void ask_local_memory(ferry_engine_t *engine, ferry_transport_instance_t *tp)
+{
+    tp->local_device = 0;
+    if (!FERRY_TRANSPORT_OPS_HAS(tp->ops, local_memory))
+        return;
+    for (size_t a = 0; a < engine->n_accel; a++)
+        if (tp->ops->local_memory(tp->ctx, engine->accel[a]->kind))
+            tp->local_device |= 1u << a;
+}
+
 /* Highest priority first, so selection takes the first transport that reaches. */
 static int by_priority(const void *a, const void *b)
 {
@@ -377,10 +395,19 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         .slice_done = ferry_batch_slice_done,
         .peer_seen = ferry_engine_peer_seen,
         .notify_deliver = ferry_engine_notify_deliver,
+        .access_is_device = ferry_engine_access_is_device,
+        .stage_in = ferry_engine_stage_in,
+        .stage_out = ferry_engine_stage_out,
     };
+    ferry_stage_pool_init(&engine->stage, engine->settings.stage_chunk,
+                          engine->settings.stage_pinned_max);
+    engine->stage_ready = 1;
+    ferry_engine_accel_start(engine);
     status = start_transports(engine);
     if (status != FERRY_OK)
         goto err_destroy;
+    for (size_t i = 0; i < engine->n_transports; i++)
+        ask_local_memory(engine, &engine->transports[i]);
     for (size_t i = 0; i < engine->n_transports; i++)
         if (FERRY_TRANSPORT_OPS_HAS(engine->transports[i].ops, progress))
             engine->progress[engine->n_progress++] = &engine->transports[i];
@@ -441,6 +468,8 @@ void ferry_engine_free(ferry_engine_t *engine)
         free(engine->transports[i].address);
     }
     ferry_batch_free_all(engine);
+    if (engine->stage_ready) /* no transport or batch stages any more */
+        ferry_stage_pool_fini(&engine->stage);
     if (engine->copy_helpers) /* no transport copies any more */
         ferry_copy_helpers_stop();
     /* The store's watch may still call segment_changed until it is destroyed. */

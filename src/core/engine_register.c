@@ -35,6 +35,8 @@ static void transports_deregister(ferry_engine_t *engine, ferry_reg_entry_t *ent
         engine->transports[owner].ops->mem_deregister(engine->transports[owner].ctx,
                                                       entry->memh[owner]);
         entry->memh[owner] = NULL;
+    } else if (owner == FERRY_ALLOC_DEVICE) {
+        entry->accel->mem_free((void *)entry->addr);
     } else if (entry->allocated) {
         free((void *)entry->addr);
     }
@@ -51,6 +53,14 @@ static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entr
         ferry_status_t status = tp->ops->mem_register(tp->ctx, (void *)entry->addr,
                                                       entry->length, entry->location,
                                                       &entry->keys[i], &entry->memh[i]);
+        if (status == FERRY_ERR_UNSUPPORTED) {
+            /* Not memory this transport reaches (device memory for most):
+             * published without its key, so peers pick another. */
+            free(entry->keys[i]);
+            entry->keys[i] = NULL;
+            entry->memh[i] = NULL;
+            continue;
+        }
         if (status != FERRY_OK) {
             ferry_error("transport %s cannot register [%p, +%zu) at %s: %s", tp->plugin->name,
                         (void *)entry->addr, entry->length, entry->location,
@@ -92,7 +102,15 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
                     location, strlen(location) > 64 ? "..." : "", FERRY_LOCATION_MAX);
         return FERRY_ERR_INVALID_PARAM;
     }
-    ferry_status_t status = ferry_registry_check(&engine->registry, addr, region->length, &entry);
+    char resolved[FERRY_LOCATION_MAX + 1];
+    const ferry_accel_ops_t *accel;
+    ferry_status_t status = ferry_engine_location_resolve(engine, region->addr, region->length,
+                                                          location, resolved, sizeof(resolved),
+                                                          &accel);
+    if (status != FERRY_OK)
+        return status;
+    location = resolved;
+    status = ferry_registry_check(&engine->registry, addr, region->length, &entry);
     if (status == FERRY_ERR_OVERLAP) {
         ferry_error("register [%p, +%zu): partially overlaps a registered range",
                     region->addr, region->length);
@@ -113,6 +131,7 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
     entry = ferry_reg_entry_new(addr, region->length, location, flags);
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
+    entry->accel = accel;
     entry->epoch = ++engine->register_epoch;
     status = transports_register(engine, entry);
     if (status == FERRY_OK)
@@ -210,6 +229,20 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
     entry->allocated = 1;
+    if (ferry_engine_accel_of(engine, location) != NULL) {
+        void *addr = NULL;
+        ferry_status_t status = ferry_engine_device_alloc(engine, location, length, &addr,
+                                                          &entry->accel);
+        if (status == FERRY_OK) {
+            entry->addr = (uintptr_t)addr;
+            entry->alloc_transport = FERRY_ALLOC_DEVICE;
+            return FERRY_OK;
+        }
+        entry->allocated = 0;
+        ferry_reg_entry_free(entry);
+        *entry_p = NULL;
+        return status;
+    }
     ferry_status_t failed = FERRY_ERR_UNSUPPORTED;
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
@@ -249,8 +282,8 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
                     "set FERRY_CXL_PATH; or FERRY_TRANSPORTS leaves it out)", length,
                     entry->location);
     } else if (status == FERRY_ERR_UNSUPPORTED) {
-        ferry_error("allocate %zu bytes at %s: no transport provides such memory", length,
-                    entry->location);
+        ferry_error("allocate %zu bytes at %s: no transport or accelerator module provides such "
+                    "memory (ferry_info lists the devices)", length, entry->location);
     }
     entry->allocated = 0;
     ferry_reg_entry_free(entry);

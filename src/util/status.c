@@ -14,6 +14,7 @@ const char *ferry_status_string(ferry_status_t status)
     case FERRY_ERR_BUSY: return "resource busy";
     case FERRY_ERR_UNSUPPORTED: return "operation not supported";
     case FERRY_ERR_TOO_MANY: return "too many requests";
+    case FERRY_ERR_NOT_FOUND: return "not found";
     case FERRY_ERR_NO_MEMORY: return "out of memory";
     case FERRY_ERR_NO_RESOURCE: return "resource exhausted";
     case FERRY_ERR_PLUGIN_NOT_FOUND: return "plugin not found";

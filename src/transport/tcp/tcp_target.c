@@ -219,6 +219,49 @@ static ferry_status_t next_header(ferry_tcp_target_conn_t *conn, unsigned char *
     }
 }
 
+
+/* Device memory (a registered GPU buffer): the payload goes through the
+ * engine's page-locked buffers, each copied to the device while the next
+ * arrives. */
+typedef struct staged_recv {
+    int fd;
+    size_t received;
+    int socket_failed;
+} staged_recv_t;
+
+static ferry_status_t recv_staged(void *arg, void *buffer, size_t length)
+{
+    staged_recv_t *in = arg;
+    ferry_status_t status = ferry_net_recv_all(in->fd, buffer, length);
+    in->received += status == FERRY_OK ? length : 0;
+    in->socket_failed = status != FERRY_OK;
+    return status;
+}
+
+static ferry_status_t send_staged(void *arg, const void *buffer, size_t length)
+{
+    return ferry_net_send_all(*(int *)arg, buffer, length);
+}
+
+/* A WRITE into device memory.  A failed device copy leaves the socket
+ * where it was: the rest of the payload is drained and *granted_p says
+ * what the initiator hears. */
+static ferry_status_t write_device(ferry_tcp_target_conn_t *conn, void *token, uint64_t addr,
+                                   uint64_t length, void **scratch_p, ferry_status_t *granted_p)
+{
+    ferry_tcp_t *tcp = conn->tcp;
+    staged_recv_t in = {.fd = conn->fd};
+    ferry_status_t status = tcp->svc.stage_in(tcp->svc.engine, token, (void *)(uintptr_t)addr,
+                                              (size_t)length, recv_staged, &in);
+    if (status == FERRY_OK || in.socket_failed)
+        return status;
+    ferry_error("tcp: a %llu-byte WRITE into device memory at 0x%llx failed: %s",
+                (unsigned long long)length, (unsigned long long)addr,
+                ferry_status_string(status));
+    *granted_p = status < 0 ? status : FERRY_ERR_IO;
+    return drain(conn->fd, length - in.received, scratch_p);
+}
+
 static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned char *hdr,
                                 pending_t *out, void **scratch_p)
 {
@@ -247,8 +290,12 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
                     op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
                     (unsigned long long)addr, ferry_status_string(granted));
 
+    int device = granted == FERRY_OK && tcp->svc.access_is_device(tcp->svc.engine, token);
     if (op == FERRY_TCP_OP_WRITE) {
-        if (granted == FERRY_OK) {
+        if (granted == FERRY_OK && device) {
+            status = write_device(conn, token, addr, length, scratch_p, &granted);
+            tcp->svc.access_release(tcp->svc.engine, token);
+        } else if (granted == FERRY_OK) {
             status = ferry_net_recv_all(conn->fd, (void *)(uintptr_t)addr, (size_t)length);
             tcp->svc.access_release(tcp->svc.engine, token);
         } else {
@@ -256,6 +303,15 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
         }
         if (status == FERRY_OK)
             status = respond(conn->fd, out, id, granted, length);
+    } else if (granted == FERRY_OK && device) {
+        /* The answer goes first: a device copy that fails later in the
+         * stream can only close the connection (the peer fails the READ). */
+        ferry_tcp_encode_response(out->responses[out->count++], id, FERRY_OK);
+        status = flush(conn->fd, out);
+        if (status == FERRY_OK)
+            status = tcp->svc.stage_out(tcp->svc.engine, token, (const void *)(uintptr_t)addr,
+                                        (size_t)length, send_staged, &conn->fd);
+        tcp->svc.access_release(tcp->svc.engine, token);
     } else if (granted == FERRY_OK) {
         /* pending responses, this one and the data: one sendmsg */
         ferry_tcp_encode_response(out->responses[out->count++], id, FERRY_OK);
