@@ -190,6 +190,8 @@ run ipc_read_verified "${ipc[@]}" --operation=read -b 1m -B 4 --verify
 # ---- 4. against the issue's targets ----
 say ""
 say "## targets (issue 18, Performance): measured, reference, ratio, target"
+[ "$dry" = 1 ] && say "# dry run: testgpu copies are memcpy between memfd mappings; these" \
+    "verdicts only show that the check works, not how fast a GPU is"
 # target NAME MEASURED REFERENCE MIN_RATIO UNIT_NOTE: one verdict line; an
 # absolute target gives REFERENCE 1.  MIN_RATIO negative: at most -MIN_RATIO.
 target() {

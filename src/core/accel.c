@@ -91,7 +91,8 @@ void ferry_accel_print(FILE *out, const char *module_dir)
         const accel_vendor_t *v = &vendors[i]; /* entries never change once added */
         const ferry_accel_ops_t *ops = v->ops;
         if (v->state != FERRY_OK) {
-            fprintf(out, "  %-8s not usable: %s\n", ops->kind, v->why);
+            fprintf(out, "  %-8s not usable: %s%s%s\n", ops->kind, v->why,
+                    ops->hardware_note ? "; " : "", ops->hardware_note ? ops->hardware_note : "");
             continue;
         }
         int count_devices = ops->device_count();
