@@ -83,10 +83,16 @@ enum {
 typedef struct ferry_region {
     void *addr;
     size_t length;
-    /* "cpu", "cpu:NUMA", "cxl", "cuda:N", ...; NULL or "" = "cpu".  The
-     * grammar: kind[:qualifier], kind [a-z][a-z0-9_]*, qualifier
-     * [A-Za-z0-9_.-]+, 64 bytes at most; anything else is
-     * FERRY_ERR_INVALID_PARAM. */
+    /* "cpu", "cpu:NUMA", "cxl", "cuda:N", "hip:N", ...; NULL or "" = "cpu";
+     * "*": detected from the pointer (device memory of an accelerator
+     * module's vendor, else "cpu").  The grammar: kind[:qualifier], kind
+     * [a-z][a-z0-9_]*, qualifier [A-Za-z0-9_.-]+, 64 bytes at most;
+     * anything else is FERRY_ERR_INVALID_PARAM.  Device memory at a
+     * location that contradicts the pointer (host memory as "cuda:0",
+     * cuda:0 memory as "cpu" or "cuda:1") is FERRY_ERR_INVALID_PARAM, a
+     * range past the end of its device allocation FERRY_ERR_OUT_OF_RANGE,
+     * a device kind without a usable module FERRY_ERR_UNSUPPORTED.  Device
+     * ordinals are this process's (CUDA_VISIBLE_DEVICES applies). */
     const char *location;
 } ferry_region_t;
 
@@ -114,6 +120,8 @@ FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
  * that provides memory at that location (location NULL = "cpu"): with ucx,
  * memory UCX maps itself, which a same-host peer attaches and writes with
  * plain stores instead of UCX's emulated RMA on registered user memory;
+ * at a device location ("cuda:N", "hip:N"), device memory from the
+ * accelerator module, which peers on the host open through GPU IPC;
  * at location "cxl" (or "cxl:N"), chunks of the cxl transport's shared
  * window (FERRY_CXL_PATH; FERRY_ERR_UNSUPPORTED without one,
  * FERRY_ERR_NO_MEMORY when it is full); for "cpu" without such a

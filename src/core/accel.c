@@ -43,9 +43,17 @@ static const accel_vendor_t *vendor_entry(const ferry_accel_ops_t *ops)
         if (v->state != FERRY_OK && v->why[0] == '\0')
             snprintf(v->why, sizeof(v->why), "%s: %s", ops->kind,
                      ferry_status_string(v->state));
+        if (v->state != FERRY_OK) /* once per process: its transport stays off */
+            ferry_info("accelerator module %s_ipc is not used: %s", ops->kind, v->why);
     }
     pthread_mutex_unlock(&vendors_lock);
     return v;
+}
+
+const char *ferry_accel_why(const ferry_accel_ops_t *ops)
+{
+    const accel_vendor_t *v = vendor_entry(ops);
+    return v == NULL ? "too many accelerator modules" : v->state == FERRY_OK ? NULL : v->why;
 }
 
 size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max,

@@ -437,6 +437,8 @@ void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *e
  * each initialized once per process; quiet: no debug line per unusable one. */
 size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max,
                            int quiet);
+/* Why the vendor is not usable (its init's answer), NULL when it is. */
+const char *ferry_accel_why(const ferry_accel_ops_t *ops);
 /* The usable vendor of that kind ("cuda"), or NULL. */
 const ferry_accel_ops_t *ferry_accel_find(const char *module_dir, const char *kind);
 /* Every accelerator module, its state and devices (ferry_info). */

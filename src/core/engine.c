@@ -246,6 +246,14 @@ static ferry_status_t add_transport(ferry_engine_t *engine, const char *name, in
                                               FERRY_PLUGIN_TRANSPORT, name, &plugin);
     if (status != FERRY_OK)
         return status;
+    /* An accelerator module whose library or device is missing: its
+     * transport is off (the module said why, once, at info level). */
+    const char *unusable = plugin->accel ? ferry_accel_why(plugin->accel) : NULL;
+    if (unusable != NULL) {
+        if (!quiet_opt_in)
+            ferry_error("transport %s cannot start: %s", name, unusable);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     ferry_transport_instance_t *tp = &engine->transports[engine->n_transports];
     tp->plugin = plugin;
     tp->ops = plugin->ops;
@@ -324,8 +332,9 @@ static ferry_status_t start_transports(ferry_engine_t *engine)
                                                                              plugin->name)))
             continue;
         status = add_transport(engine, plugin->name, 1);
-        if (status == FERRY_ERR_UNSUPPORTED && (plugin->flags & FERRY_TRANSPORT_OPT_IN))
-            status = FERRY_OK; /* not configured: not wanted */
+        if (status == FERRY_ERR_UNSUPPORTED &&
+            ((plugin->flags & FERRY_TRANSPORT_OPT_IN) || plugin->accel != NULL))
+            status = FERRY_OK; /* not configured, or no device: not wanted */
         /* An opt-in transport that fails was asked for: the engine fails. */
         if (status != FERRY_OK && strcmp(plugin->name, "tcp") != 0 &&
             !(plugin->flags & FERRY_TRANSPORT_OPT_IN)) {

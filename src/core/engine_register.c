@@ -96,7 +96,7 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
         return FERRY_ERR_INVALID_PARAM;
     }
     const char *location = region->location && *region->location ? region->location : "cpu";
-    if (!ferry_location_valid(location)) {
+    if (strcmp(location, "*") != 0 && !ferry_location_valid(location)) {
         ferry_error("register [%p, +%zu): location \"%.64s%s\" is not kind[:qualifier] (e.g. "
                     "cpu, cpu:1, cuda:0) of at most %d bytes", region->addr, region->length,
                     location, strlen(location) > 64 ? "..." : "", FERRY_LOCATION_MAX);
