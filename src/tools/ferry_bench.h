@@ -4,6 +4,34 @@
 
 #include <ferry/ferry.h>
 
+/* The command line (ferry_bench_options.c parses it). */
+typedef struct ferry_bench_options {
+    const char *mode;
+    const char *metadata;
+    const char *segment;
+    const char *transport;
+    const char *via;    /* --via: every request names this transport */
+    int write;
+    size_t block_size;
+    size_t batch_size;
+    unsigned threads;
+    double duration;
+    size_t buffer_size;
+    int verify;
+    int spawn;
+    int latency;
+    int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
+    int baseline;       /* --memcpy-baseline */
+    unsigned window;    /* --window: batches kept in flight by each thread */
+    /* --memory (both), --local-memory (the initiator's buffers),
+     * --remote-memory (the target's): ferry_bench_memory.c */
+    const char *local_memory;
+    const char *remote_memory;
+} ferry_bench_options_t;
+
+/* 0, or -1 after a message on stderr (--help prints usage and exits). */
+int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o);
+
 /* ferry_bench_samples.c: the clock, and latency samples in microseconds. */
 typedef struct ferry_bench_samples {
     double *values;

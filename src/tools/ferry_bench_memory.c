@@ -56,8 +56,8 @@ unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *mem
     void *p = NULL;
     ferry_status_t status;
     if (strcmp(memory, "heap") != 0) {
-        status = ferry_alloc(engine, size, ferry_bench_memory_location(memory), FERRY_REG_REMOTE,
-                             &p);
+        status =
+            ferry_alloc(engine, size, ferry_bench_memory_location(memory), FERRY_REG_REMOTE, &p);
     } else if (posix_memalign(&p, 4096, size) != 0) {
         p = NULL;
         status = FERRY_ERR_NO_MEMORY;
@@ -108,8 +108,11 @@ void ferry_bench_self_close(ferry_bench_self_t *self)
 static ferry_status_t self_copy(ferry_bench_self_t *self, ferry_opcode_t opcode, void *host,
                                 const void *device, size_t length)
 {
-    ferry_request_t req = {.opcode = opcode, .local = host, .target = self->segment,
-                           .target_offset = (uint64_t)(uintptr_t)device, .length = length};
+    ferry_request_t req = {.opcode = opcode,
+                           .local = host,
+                           .target = self->segment,
+                           .target_offset = (uint64_t)(uintptr_t)device,
+                           .length = length};
     ferry_status_t status = ferry_batch_submit(self->batch, &req, 1);
     return status == FERRY_OK ? ferry_batch_wait(self->batch, -1) : status;
 }
@@ -134,9 +137,9 @@ ferry_status_t ferry_bench_get(ferry_bench_self_t *self, const char *memory, voi
     return self_copy(self, FERRY_OP_READ, dst, src, length);
 }
 
-ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory,
-                                unsigned char *buffer, size_t length,
-                                unsigned char (*byte)(size_t index, void *arg), void *arg)
+ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory, unsigned char *buffer,
+                                size_t length, unsigned char (*byte)(size_t index, void *arg),
+                                void *arg)
 {
     if (!ferry_bench_memory_is_device(memory)) {
         for (size_t i = 0; i < length; i++)
