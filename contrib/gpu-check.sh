@@ -20,7 +20,8 @@
 #                             [--build-dir=DIR] [--budget=SECONDS]
 # Environment: GPU_CHECK_TESTS (the tests to run; default: every test in
 #   the build whose name has gpu, accel or cuda in it), GPU_CHECK_SECONDS
-#   (per ferry_bench run), NVCC, GPU_CHECK_BIG (the large size, 1g).
+#   (per ferry_bench run), NVCC, GPU_CHECK_BIG (the large size, 1g),
+#   GPU_CHECK_JOBS (make's jobs for the tests, default nproc).
 set -u
 start=$SECONDS
 here=$(cd "$(dirname "$0")" && pwd)
@@ -88,8 +89,6 @@ if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader \
         2>&1 | sed 's/^/# nvidia-smi: /' | tee -a "$output"
 fi
-"$build/ferry_info" -d > "$logs/ferry_info.txt" 2>&1
-sed 's/^/# ferry_info: /' "$logs/ferry_info.txt" | tee -a "$output"
 
 # ---- 1. the GPU tests ----
 say ""
@@ -103,7 +102,8 @@ if [ -z "$tests" ]; then
     say "SKIPPED tests: this build has no GPU test (none named *gpu*, *accel*, *cuda*)"
 elif time_left 150 "tests"; then
     say "tests: $tests"
-    timeout 240 make -C "$build" check TESTS="$tests" > "$logs/tests.log" 2>&1
+    timeout 240 make -C "$build" -j"${GPU_CHECK_JOBS:-$(nproc)}" check TESTS="$tests" \
+        > "$logs/tests.log" 2>&1
     rc=$?
     grep -E '^(PASS|FAIL|SKIP|XFAIL|XPASS|ERROR):' "$logs/tests.log" | tee -a "$output"
     # Criterion's own lines: skipped tests say why, failures say where
@@ -112,6 +112,11 @@ elif time_left 150 "tests"; then
     [ "$rc" = 124 ] && say "tests: TIMED OUT after 240 s"
     say "tests: make check exited $rc (log: gpu-check/tests.log)"
 fi
+
+# what the engine sees (after the tests: make check builds the testgpu module)
+say ""
+"$build/ferry_info" -d > "$logs/ferry_info.txt" 2>&1
+tee -a "$output" < "$logs/ferry_info.txt"
 
 # ---- 2. the raw CUDA baseline ----
 say ""
