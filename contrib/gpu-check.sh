@@ -216,12 +216,12 @@ target() {
 }
 target "${transport} write ${big}" "$(field ipc_write_big RESULT gbps)" "$(base ipc_1g)" 0.95 \
     "GB/s vs raw IPC copy 1 GiB"
-target "${transport} read ${big}" "$(field ipc_read_big RESULT gbps)" "$(base ipc_1g)" 0.95 \
-    "GB/s vs raw IPC copy 1 GiB"
+target "${transport} read ${big}" "$(field ipc_read_big RESULT gbps)" "$(base ipc_read_1g)" \
+    0.95 "GB/s vs raw IPC copy out of the peer, 1 GiB"
 target "${transport} write 4m x16 in flight" "$(field ipc_write_4m_16 RESULT gbps)" \
     "$(base ipc_4m)" 0.9 "GB/s vs raw IPC copy 4 MiB"
 target "${transport} read 4m x16 in flight" "$(field ipc_read_4m_16 RESULT gbps)" \
-    "$(base ipc_4m)" 0.9 "GB/s vs raw IPC copy 4 MiB"
+    "$(base ipc_read_4m)" 0.9 "GB/s vs raw IPC copy out of the peer, 4 MiB"
 target "${transport} write 64k batch 128" "$(field ipc_write_64k_128 RESULT gbps)" \
     "$(base d2d_64k)" 2 "GB/s vs one sync cudaMemcpy 64 KiB at a time"
 target "${transport} write 8 B latency" "$(field ipc_write_8b_latency LATENCY median_us)" \

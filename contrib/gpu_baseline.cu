@@ -12,7 +12,8 @@
  *                  buffer, CUDA context creation included
  *   ipc_*          copies from a process's own buffer into a peer's buffer
  *                  mapped with cudaIpcOpenMemHandle (1 GiB, 4 MiB one at a
- *                  time, 4 MiB with 16 in flight on one stream)
+ *                  time, 4 MiB with 16 in flight on one stream, 64 KiB, 8 B);
+ *                  ipc_read_*: the other way, out of the peer's buffer
  *
  * One line per number: "BASELINE name=NAME value=X unit=GB/s|us|ms".
  * Without a device it prints "BASELINE skipped: <why>" and exits 3.
@@ -145,6 +146,9 @@ static int peer(int device, int from_owner, int to_owner)
     result("ipc_1g", copy_rate(mapped, own, GIB, cudaMemcpyDeviceToDevice) / 1e9, "GB/s");
     result("ipc_4m", copy_rate(mapped, own, 4 * MIB, cudaMemcpyDeviceToDevice) / 1e9, "GB/s");
     result("ipc_4m_16_in_flight", window_rate(mapped, own, 4 * MIB, 16) / 1e9, "GB/s");
+    result("ipc_read_1g", copy_rate(own, mapped, GIB, cudaMemcpyDeviceToDevice) / 1e9, "GB/s");
+    result("ipc_read_4m", copy_rate(own, mapped, 4 * MIB, cudaMemcpyDeviceToDevice) / 1e9,
+           "GB/s");
     result("ipc_64k", copy_rate(mapped, own, 64 * KIB, cudaMemcpyDeviceToDevice) / 1e9, "GB/s");
     result("ipc_sync_copy_8b", 8 / copy_rate(mapped, own, 8, cudaMemcpyDeviceToDevice) * 1e6,
            "us");
