@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../src/core/core.h"
 #include "one_request.h"
@@ -264,4 +265,27 @@ Test(gpu_staging, shm_does_not_reach_remote_device_memory)
                                        sizeof(buf), "tcp"),
                  FERRY_OK, "tcp serves it (the target stages)");
     cr_assert_str_eq(peer_cmd(&peer, "check 0 4096 3"), "OK");
+}
+
+/* A UCX built without support for the device's memory (Debian's) takes
+ * host memory only: a local device buffer is staged, a peer's device buffer
+ * gets no ucx key (tcp serves it). */
+Test(gpu_staging, ucx_without_device_support_declines_device_memory)
+{
+    find_vendor();
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/ferry_ucx.so", getenv("FERRY_MODULE_DIR"));
+    if (access(path, R_OK) != 0)
+        cr_skip_test("the ucx module is not built");
+    if (strcmp(kind, "testgpu") != 0)
+        cr_skip_test("UCX may serve %s memory itself: this case is for the test device", kind);
+    staged_case(1, 0, "ucx");
+    stop_pair();
+    start_pair(1, "ucx,tcp");
+    unsigned char buf[4096];
+    test_pattern_fill(buf, sizeof(buf), 4);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, buf, segment, peer.arena,
+                                       sizeof(buf), "tcp"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 4096 4"), "OK");
 }
