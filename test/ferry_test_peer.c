@@ -11,6 +11,9 @@
  *   free 0xADDRESS
  *   afill 0xADDRESS LEN SEED   acheck 0xADDRESS LEN SEED (absolute addresses, host or
  *     device memory: device memory is filled and checked through its vendor's copies)
+ *   valloc LEN KIND:N (device memory from the vendor itself, not registered: replies
+ *     ALLOC <hex address>)   vfree 0xADDRESS
+ *   areg 0xADDRESS LEN [r|w|rw]   aunreg 0xADDRESS (absolute addresses, location "*")
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
  * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
  * FERRY_TEST_PEER_NETNS=NAME: the peer first joins network namespace NAME
@@ -198,6 +201,35 @@ int main(int argc, char **argv)
                 fflush(stdout);
                 continue;
             }
+        } else if (strcmp(cmd, "valloc") == 0 && b == 0) {
+            void *mem = NULL;
+            char location[32] = "";
+            sscanf(line, "%*s %*s %31s", location);
+            const ferry_accel_ops_t *vendor = NULL;
+            char *colon = strchr(location, ':');
+            if (colon != NULL) {
+                *colon = '\0';
+                vendor = ferry_accel_find(getenv("FERRY_MODULE_DIR"), location);
+            }
+            status = vendor == NULL ? FERRY_ERR_UNSUPPORTED
+                                    : vendor->mem_alloc(atoi(colon + 1), (size_t)a, &mem);
+            if (status == FERRY_OK) {
+                printf("ALLOC %" PRIxPTR "\n", (uintptr_t)mem);
+                fflush(stdout);
+                continue;
+            }
+        } else if (strcmp(cmd, "vfree") == 0) {
+            const ferry_accel_ops_t *vendor = device_of((void *)(uintptr_t)a);
+            status = vendor == NULL ? FERRY_ERR_INVALID_PARAM : FERRY_OK;
+            if (vendor != NULL)
+                vendor->mem_free((void *)(uintptr_t)a);
+        } else if (strcmp(cmd, "areg") == 0 && n >= 3) {
+            sscanf(line, "%*s %*s %*s %7s", mode);
+            unsigned flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
+                             (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0);
+            status = ferry_register(engine, (void *)(uintptr_t)a, (size_t)b, "*", flags);
+        } else if (strcmp(cmd, "aunreg") == 0) {
+            status = ferry_unregister(engine, (void *)(uintptr_t)a);
         } else if (strcmp(cmd, "free") == 0) {
             status = ferry_free(engine, (void *)(uintptr_t)a);
         } else if ((strcmp(cmd, "fill") == 0 && a + b <= arena_size) ||

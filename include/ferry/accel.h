@@ -94,6 +94,12 @@ typedef struct ferry_accel_ops {
     ferry_status_t (*event_wait)(void *event);
     /* A synchronous copy in any direction (small or rare copies). */
     ferry_status_t (*copy)(void *dst, const void *src, size_t length);
+    /* Optional: page-lock host memory the application owns (a registered
+     * host buffer that device copies read or write) and undo it.
+     * FERRY_ERR_BUSY: it is page-locked already (by the application): in
+     * use as it is, nothing to undo. */
+    ferry_status_t (*host_register)(void *ptr, size_t length);
+    void (*host_unregister)(void *ptr);
 } ferry_accel_ops_t;
 
 /* Whether a vendor table (maybe shorter, from an older module) has the

@@ -28,14 +28,18 @@
  * mapped), and within what the key claims; otherwise the submit fails with
  * FERRY_ERR_OUT_OF_RANGE and nothing is written.
  *
- * Objects, locks, holders (locks never held across a vendor call that may
- * block for long: ipc_open and event_wait run unlocked):
+ * Objects, locks, holders (no lock a submit that hits the cache takes is held
+ * across a vendor call that may block for long: ipc_open runs under the
+ * peer's open_lock only, event_wait under none):
  *   ferry_gpu_ipc_t.peers_lock   the peer table (peers, each peer's `next`)
  *   ferry_gpu_ipc_peer_t.lock    that peer's imports (list, users, stale)
+ *   ferry_gpu_ipc_peer_t.open_lock  held across ipc_open, so that two submits
+ *                                missing the same import open it once
  *   ferry_gpu_ipc_t.runs_lock    the runs in flight (runs, runs_tail, each run's
  *                                `next`), stopping; the progress thread's cond
  *   ferry_gpu_ipc_device_t.lock  the device's streams (made once) and event pool
- * Order: peers_lock, then peer->lock; runs_lock and device->lock are leaves.
+ * Order: peers_lock, then peer->open_lock, then peer->lock; runs_lock and
+ * device->lock are leaves.
  *
  * Who holds a peer (refs): the table (dropped by peer_forget or destroy),
  * each batch cache slot that keeps it (peer_cache_release), each submit
@@ -70,6 +74,7 @@ typedef struct ferry_gpu_ipc_settings {
     unsigned streams;  /* per device */
     unsigned poll_us;  /* the progress thread's pause between looks while copies run */
     size_t slice_size; /* 0: one copy per request */
+    int pin_host;      /* page-lock registered host buffers */
 } ferry_gpu_ipc_settings_t;
 
 /* A parsed buffer key (pointers into the key string). */
@@ -85,7 +90,8 @@ typedef struct ferry_gpu_ipc_key {
 /* Our registration of a local device buffer (a slice's local_memh): the
  * device its copies run on when the peer's device is not one we see. */
 typedef struct ferry_gpu_ipc_memh {
-    int device;
+    int device;  /* -1: host memory */
+    void *pinned; /* host memory we page-locked (host_unregister at deregister), or NULL */
 } ferry_gpu_ipc_memh_t;
 
 /* One peer allocation opened in this process (peer->lock for users, stale
@@ -117,6 +123,7 @@ typedef struct ferry_gpu_ipc_peer {
     atomic_int forgotten;           /* out of the table: cache slots look again */
     atomic_uint_fast64_t checked_ms;
     pthread_mutex_t lock;
+    pthread_mutex_t open_lock;      /* held across ipc_open: one open per handle */
     ferry_gpu_ipc_import_t *imports;
     struct ferry_gpu_ipc_peer *next; /* gpu->peers_lock */
 } ferry_gpu_ipc_peer_t;
@@ -174,6 +181,9 @@ typedef struct ferry_gpu_ipc {
  * ferry_info and tests. */
 extern atomic_ulong ferry_gpu_ipc_opens;
 extern atomic_ulong ferry_gpu_ipc_closes;
+/* Opens by the device they were made with ([0]: the vendor chose, [1 + n]:
+ * ordinal n): a peer's device is matched by UUID, not by its ordinal. */
+extern atomic_ulong ferry_gpu_ipc_opens_on[1 + FERRY_GPU_IPC_MAX_DEVICES];
 
 /* gpu_ipc_plugin.c */
 const ferry_accel_ops_t *ferry_gpu_ipc_vendor(void); /* the vendor file's */

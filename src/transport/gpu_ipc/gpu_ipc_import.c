@@ -133,8 +133,18 @@ static ferry_status_t import_open(ferry_gpu_ipc_peer_t *p, const char *key, uint
     }
     import->local_base = base;
     atomic_fetch_add(&ferry_gpu_ipc_opens, 1);
+    atomic_fetch_add(&ferry_gpu_ipc_opens_on[1 + import->device], 1);
     *import_p = import;
     return FERRY_OK;
+}
+
+/* Caller holds p->lock. */
+static ferry_gpu_ipc_import_t *import_use(ferry_gpu_ipc_peer_t *p, const char *key, uint64_t hash)
+{
+    ferry_gpu_ipc_import_t *import = import_find(p, key, hash);
+    if (import != NULL)
+        import->users++;
+    return import;
 }
 
 ferry_status_t ferry_gpu_ipc_import_get(ferry_gpu_ipc_peer_t *p, const char *key,
@@ -144,39 +154,40 @@ ferry_status_t ferry_gpu_ipc_import_get(ferry_gpu_ipc_peer_t *p, const char *key
         return FERRY_ERR_PEER_FAILED;
     uint64_t hash = key_hash(key);
     pthread_mutex_lock(&p->lock);
-    ferry_gpu_ipc_import_t *import = import_find(p, key, hash);
-    if (import != NULL)
-        import->users++;
+    ferry_gpu_ipc_import_t *import = import_use(p, key, hash);
     pthread_mutex_unlock(&p->lock);
     if (import != NULL) {
         *import_p = import;
         return FERRY_OK;
     }
     /* Opening can take long (a first open maps the peer's memory): not
-     * under the peer's lock. */
-    ferry_gpu_ipc_import_t *fresh;
-    ferry_status_t status = import_open(p, key, hash, &fresh);
-    if (status != FERRY_OK)
-        return status;
+     * under the peer's lock, which every submit to it takes, but under
+     * open_lock, so that two threads never open one handle twice. */
+    pthread_mutex_lock(&p->open_lock);
     pthread_mutex_lock(&p->lock);
-    /* Two threads may have opened it: keep the first.  A peer found dead
-     * meanwhile closes what it opened: do not add to it. */
-    import = atomic_load(&p->gone) ? NULL : import_find(p, key, hash);
-    if (import == NULL && !atomic_load(&p->gone)) {
-        fresh->next = p->imports;
-        p->imports = fresh;
-        import = fresh;
-        fresh = NULL;
-    }
-    if (import != NULL)
-        import->users++;
+    import = import_use(p, key, hash);
     pthread_mutex_unlock(&p->lock);
-    if (fresh != NULL)
-        import_close(p, fresh);
-    if (import == NULL)
-        return FERRY_ERR_PEER_FAILED;
-    *import_p = import;
-    return FERRY_OK;
+    ferry_status_t status = FERRY_OK;
+    if (import == NULL && (status = import_open(p, key, hash, &import)) == FERRY_OK) {
+        pthread_mutex_lock(&p->lock);
+        /* A peer found dead meanwhile closed what it had opened: do not
+         * add to it. */
+        int gone = atomic_load(&p->gone);
+        if (!gone) {
+            import->users = 1;
+            import->next = p->imports;
+            p->imports = import;
+        }
+        pthread_mutex_unlock(&p->lock);
+        if (gone) {
+            import_close(p, import);
+            status = FERRY_ERR_PEER_FAILED;
+        }
+    }
+    pthread_mutex_unlock(&p->open_lock);
+    if (status == FERRY_OK)
+        *import_p = import;
+    return status;
 }
 
 /* Caller holds p->lock: unlink the stale unused imports onto *closing. */

@@ -31,6 +31,7 @@ static ferry_gpu_ipc_peer_t *peer_parse(ferry_gpu_ipc_t *gpu, const ferry_peer_t
     p->gpu = gpu;
     p->generation = peer->generation;
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->open_lock, NULL);
     atomic_store(&p->checked_ms, ferry_gpu_ipc_now_ms());
     return p;
 }
@@ -39,6 +40,7 @@ static void peer_free(ferry_gpu_ipc_peer_t *p)
 {
     ferry_gpu_ipc_imports_free(p);
     pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->open_lock);
     free(p->endpoint);
     free(p);
 }

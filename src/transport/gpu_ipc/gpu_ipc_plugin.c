@@ -16,6 +16,7 @@
 
 atomic_ulong ferry_gpu_ipc_opens;
 atomic_ulong ferry_gpu_ipc_closes;
+atomic_ulong ferry_gpu_ipc_opens_on[1 + FERRY_GPU_IPC_MAX_DEVICES];
 
 static const ferry_setting_t gpu_ipc_settings[] = {
     {"STREAMS", "4", "the transport's own streams per device; runs of copies take them in turn",
@@ -24,6 +25,9 @@ static const ferry_setting_t gpu_ipc_settings[] = {
      "copies in flight", offsetof(ferry_gpu_ipc_settings_t, poll_us), FERRY_SETTING_UINT},
     {"SLICE_SIZE", "0", "bytes per copy a request is cut into (0: one copy per request)",
      offsetof(ferry_gpu_ipc_settings_t, slice_size), FERRY_SETTING_SIZE},
+    {"PIN_HOST", "yes", "page-lock registered host buffers, so that copies between them and a "
+     "peer's device memory run at the bus's speed (pageable memory: a fraction of it)",
+     offsetof(ferry_gpu_ipc_settings_t, pin_host), FERRY_SETTING_BOOL},
 };
 
 uint64_t ferry_gpu_ipc_now_ms(void)
@@ -100,9 +104,8 @@ static ferry_status_t gpu_ipc_create(const ferry_transport_services_t *svc, void
     char why[256] = "";
     ferry_status_t status = vendor->init(why, sizeof(why));
     if (status != FERRY_OK) {
-        /* The module says why once, when the engine first loads it. */
         ferry_info("%s: not enabled: %s", name, why[0] ? why : ferry_status_string(status));
-        return status == FERRY_ERR_UNSUPPORTED ? status : FERRY_ERR_UNSUPPORTED;
+        return FERRY_ERR_UNSUPPORTED;
     }
     ferry_gpu_ipc_t *gpu = calloc(1, sizeof(*gpu));
     if (gpu == NULL)
@@ -154,6 +157,33 @@ static ferry_status_t gpu_ipc_address(void *ctx, char **endpoint_p)
     return *endpoint_p ? FERRY_OK : FERRY_ERR_NO_MEMORY;
 }
 
+/* A registered host buffer: no key (peers do not open our host memory),
+ * but page-locked while registered, so that our copies between it and a
+ * peer's device memory run at the bus's speed.  Failing to pin is no
+ * failure: the copies work on pageable memory, slower. */
+static ferry_status_t pin_host(ferry_gpu_ipc_t *gpu, void *addr, size_t length, void **memh_p)
+{
+    const ferry_accel_ops_t *vendor = gpu->vendor;
+    if (!gpu->settings.pin_host || !FERRY_ACCEL_OPS_HAS(vendor, host_unregister))
+        return FERRY_OK;
+    ferry_gpu_ipc_memh_t *memh = calloc(1, sizeof(*memh));
+    if (memh == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    memh->device = -1;
+    ferry_status_t status = vendor->host_register(addr, length);
+    if (status == FERRY_OK) {
+        memh->pinned = addr;
+    } else if (status != FERRY_ERR_BUSY) {
+        static atomic_int warned;
+        if (atomic_exchange(&warned, 1) == 0)
+            ferry_warn("%s: cannot page-lock host buffer [%p, +%zu): %s; copies between host "
+                       "buffers and device memory run at pageable speed", name, addr, length,
+                       ferry_status_string(status));
+    }
+    *memh_p = memh;
+    return FERRY_OK;
+}
+
 static ferry_status_t gpu_ipc_mem_register(void *ctx, void *addr, size_t length,
                                            const char *location, char **key_p, void **memh_p)
 {
@@ -161,6 +191,8 @@ static ferry_status_t gpu_ipc_mem_register(void *ctx, void *addr, size_t length,
     const ferry_accel_ops_t *vendor = gpu->vendor;
     *key_p = NULL;
     *memh_p = NULL;
+    if (ferry_location_is_host(location) && !ferry_location_is_cxl(location))
+        return pin_host(gpu, addr, length, memh_p);
     if (!ferry_location_is_kind(location, vendor->kind))
         return FERRY_ERR_UNSUPPORTED;
     ferry_accel_range_t range;
@@ -200,9 +232,13 @@ static ferry_status_t gpu_ipc_mem_register(void *ctx, void *addr, size_t length,
     return FERRY_OK;
 }
 
-static void gpu_ipc_mem_deregister(void *ctx, void *memh)
+static void gpu_ipc_mem_deregister(void *ctx, void *arg)
 {
-    /* The export is the allocation's: it goes with the allocation. */
+    ferry_gpu_ipc_t *gpu = ctx;
+    ferry_gpu_ipc_memh_t *memh = arg;
+    /* A device buffer's export is the allocation's: it goes with it. */
+    if (memh != NULL && memh->pinned != NULL)
+        gpu->vendor->host_unregister(memh->pinned);
     free(memh);
 }
 
@@ -231,13 +267,23 @@ static size_t gpu_ipc_slice_size(void *ctx)
     return ((ferry_gpu_ipc_t *)ctx)->settings.slice_size;
 }
 
+/* The counters are the process's: tests read them to count opens. */
 static void gpu_ipc_info(FILE *out)
 {
     const ferry_accel_ops_t *vendor = ferry_gpu_ipc_vendor();
     fprintf(out, "%s: GPU IPC transport for %s memory%s%s; this process opened %lu peer "
-            "allocations, closed %lu\n", name, vendor->kind,
+            "allocations, closed %lu", name, vendor->kind,
             vendor->hardware_note ? "; " : "", vendor->hardware_note ? vendor->hardware_note : "",
             atomic_load(&ferry_gpu_ipc_opens), atomic_load(&ferry_gpu_ipc_closes));
+    unsigned long any = atomic_load(&ferry_gpu_ipc_opens_on[0]);
+    if (any)
+        fprintf(out, "; opens on the vendor's choice of device: %lu", any);
+    for (int d = 0; d < FERRY_GPU_IPC_MAX_DEVICES; d++) {
+        unsigned long n = atomic_load(&ferry_gpu_ipc_opens_on[1 + d]);
+        if (n)
+            fprintf(out, "; opens on device %d: %lu", d, n);
+    }
+    fputc('\n', out);
 }
 
 static const ferry_transport_ops_t gpu_ipc_ops = {
@@ -262,6 +308,10 @@ static ferry_plugin_t gpu_ipc_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_TRANSPORT,
     .priority = GPU_IPC_PRIORITY,
+    /* Not opt-in: with no library or no device the engine leaves the
+     * transport out without a word, since its vendor is not usable (the
+     * vendor's one line is at info level and in ferry_info); a failure of a
+     * usable one is a warning, not the engine's failure. */
     .flags = FERRY_TRANSPORT_SAME_HOST_ONLY | FERRY_TRANSPORT_ONE_SIDED |
              FERRY_TRANSPORT_KEY_GRANTS_READ,
     .settings = gpu_ipc_settings,

@@ -149,7 +149,7 @@ static ferry_status_t resolve(ferry_gpu_ipc_t *gpu, ferry_gpu_ipc_peer_t *p,
     r->import = import;
     if (import->device >= 0)
         r->device = import->device;
-    else if (s->local_memh != NULL)
+    else if (s->local_memh != NULL && ((const ferry_gpu_ipc_memh_t *)s->local_memh)->device >= 0)
         r->device = ((const ferry_gpu_ipc_memh_t *)s->local_memh)->device;
     else
         r->device = 0;
