@@ -238,8 +238,9 @@ target "${transport} write 8 B latency" "$(field ipc_write_8b_latency LATENCY me
 first=$(field ipc_first_from_host FIRST first_us)
 target "first request to a new peer" "${first:+$(awk -v u="$first" 'BEGIN{print u/1000}')}" \
     1 -200 "ms, absolute; raw first open: $(shown base ipc_open_first) ms"
-target "host memory into peer GPU" "$(field host_into_peer_gpu RESULT gbps)" 1 50 \
-    "GB/s absolute; raw pinned H2D $(shown base h2d_pinned), pageable $(shown base h2d_pageable)"
+note="GB/s absolute, registered host memory (page-locked by ${transport}'s PIN_HOST);"
+note="$note raw pinned H2D $(shown base h2d_pinned), pageable $(shown base h2d_pageable)"
+target "host memory into peer GPU" "$(field host_into_peer_gpu RESULT gbps)" 1 50 "$note"
 target "GPU memory over tcp" "$(field tcp_gpu RESULT gbps)" "$(field tcp_host RESULT gbps)" 0.8 \
     "GB/s vs host memory over tcp"
 say ""
