@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 TestSuite(tools, .timeout = 120);
 
@@ -128,4 +129,89 @@ Test(tools, bench_rejects_bad_options)
              getenv("FERRY_BENCH"));
     cr_assert_eq(run(command, output, sizeof(output)), 2);
     cr_assert(strstr(output, "at least 8 bytes") != NULL, "%s", output);
+}
+
+/* The test vendor's module, where make check builds it; NULL (and the
+ * caller skips) when this build has none. */
+static const char *testgpu_module(void)
+{
+    static char path[1024];
+    const char *dir = getenv("FERRY_MODULE_DIR");
+    snprintf(path, sizeof(path), "%s/ferry_testgpu_ipc.so", dir ? dir : ".");
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
+Test(tools, ferry_info_lists_devices)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "env -u FERRY_TESTGPU_DEVICES %s -d", getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 0);
+    cr_assert(strstr(output, "# devices") != NULL, "%s", output);
+    if (testgpu_module() == NULL)
+        cr_skip("no testgpu module in FERRY_MODULE_DIR: only the empty devices section checked");
+    cr_assert(strstr(output, "testgpu  not usable: ") != NULL, "%s", output);
+    cr_assert(strstr(output, "FERRY_TESTGPU_DEVICES") != NULL, "%s", output);
+    /* Ordinals follow the visible list; UUIDs stay with the physical device. */
+    snprintf(command, sizeof(command),
+             "FERRY_TESTGPU_DEVICES=2 FERRY_TESTGPU_VISIBLE_DEVICES=1,0 %s -d",
+             getenv("FERRY_INFO"));
+    cr_assert_eq(run(command, output, sizeof(output)), 0);
+    cr_assert(strstr(output, "testgpu  usable, 2 device(s)") != NULL, "%s", output);
+    const char *zero = strstr(output, "testgpu:0  TESTGPU-");
+    const char *one = strstr(output, "testgpu:1  TESTGPU-");
+    cr_assert(zero != NULL && one != NULL, "%s", output);
+    char uuid0[64] = "", uuid1[64] = "";
+    cr_assert_eq(sscanf(zero, "testgpu:0 %63s", uuid0), 1);
+    cr_assert_eq(sscanf(one, "testgpu:1 %63s", uuid1), 1);
+    cr_assert_eq(uuid0[strlen(uuid0) - 1], '1', "testgpu:0 is physical device 1: %s", output);
+    cr_assert_eq(uuid1[strlen(uuid1) - 1], '0', "testgpu:1 is physical device 0: %s", output);
+}
+
+/* Device memory (testgpu: a PROT_NONE view, so any CPU access by the
+ * benchmark or the engine crashes it) on either side or both, each byte
+ * checked through the engine. */
+Test(tools, bench_device_memory_verified)
+{
+    if (testgpu_module() == NULL)
+        cr_skip("no testgpu module in FERRY_MODULE_DIR: device memory not benchmarked");
+    setenv("FERRY_TESTGPU_DEVICES", "2", 1);
+    const char *cases[] = {
+        "--memory=testgpu:0 --operation=write",
+        "--memory=testgpu:1 --operation=read --threads=2",
+        "--local-memory=cpu --remote-memory=testgpu:0 --transport=tcp --operation=write",
+        "--local-memory=testgpu:0 --remote-memory=heap --transport=tcp --operation=read",
+        "--local-memory=testgpu:0 --remote-memory=cpu --transport=shm --operation=write",
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char args[512];
+        snprintf(args, sizeof(args), "%s --block-size=100000 --batch-size=4 --verify", cases[i]);
+        bench(args);
+        cr_assert(strstr(output, "verified=yes") != NULL, "%s", output);
+        cr_assert(strstr(output, "_memory=testgpu:") != NULL, "%s", output);
+    }
+    unsetenv("FERRY_TESTGPU_DEVICES");
+}
+
+Test(tools, bench_window_and_first_request)
+{
+    bench("--block-size=64k --batch-size=2 --window=4");
+    cr_assert(strstr(output, "window=4") != NULL, "%s", output);
+    cr_assert(strstr(output, "local_memory=ferry remote_memory=ferry") != NULL, "%s", output);
+    const char *first = strstr(output, "FIRST ");
+    cr_assert_not_null(first, "%s", output);
+    double us = 0;
+    cr_assert_eq(sscanf(strstr(first, "first_us="), "first_us=%lf", &us), 1);
+    cr_assert_gt(us, 0.0);
+    cr_assert_not_null(strstr(first, "status=ok"), "%s", output);
+}
+
+Test(tools, bench_rejects_bad_memory_options)
+{
+    const char *bad[] = {"--memory='*'", "--local-memory=Cuda", "--remote-memory=cuda:",
+                         "--pingpong --memory=cuda:0", "--window=2 --verify", "--window=0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char command[1024];
+        snprintf(command, sizeof(command), "%s --spawn %s 2>&1", getenv("FERRY_BENCH"), bad[i]);
+        cr_assert_eq(run(command, output, sizeof(output)), 2, "%s: %s", bad[i], output);
+    }
 }

@@ -224,6 +224,7 @@ enum {
     FERRY_INFO_VERSION = 1u << 0,
     FERRY_INFO_PLUGINS = 1u << 1,
     FERRY_INFO_SETTINGS = 1u << 2,
+    FERRY_INFO_DEVICES = 1u << 3, /* accelerator modules, their state and devices */
 };
 FERRY_API void ferry_info_print(FILE *out, unsigned what);
 FERRY_API const char *ferry_version_string(void);

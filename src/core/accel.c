@@ -99,11 +99,12 @@ void ferry_accel_print(FILE *out, const char *module_dir)
         const accel_vendor_t *v = &vendors[i]; /* entries never change once added */
         const ferry_accel_ops_t *ops = v->ops;
         if (v->state != FERRY_OK) {
-            fprintf(out, "  %-8s not usable: %s\n", ops->kind, v->why);
+            fprintf(out, "  %-8s not usable: %s%s%s\n", ops->kind, v->why,
+                    ops->hardware_note ? "; " : "", ops->hardware_note ? ops->hardware_note : "");
             continue;
         }
         int count_devices = ops->device_count();
-        fprintf(out, "  %-8s %d device(s)%s%s\n", ops->kind, count_devices,
+        fprintf(out, "  %-8s usable, %d device(s)%s%s\n", ops->kind, count_devices,
                 ops->hardware_note ? "; " : "", ops->hardware_note ? ops->hardware_note : "");
         for (int d = 0; d < count_devices; d++) {
             char uuid[FERRY_ACCEL_UUID_MAX] = "?", text[256] = "";

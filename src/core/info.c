@@ -34,6 +34,10 @@ void ferry_info_print(FILE *out, unsigned what)
                 plugin->info(out);
         }
     }
+    if (what & FERRY_INFO_DEVICES) {
+        fprintf(out, "# devices (accelerator modules)\n");
+        ferry_accel_print(out, module_dir);
+    }
     if (what & FERRY_INFO_SETTINGS) {
         ferry_settings_print(out, &ferry_engine_settings_table);
         for (size_t i = 0; i < all.count; i++) {

@@ -8,7 +8,6 @@
  */
 #include <ferry/ferry.h>
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -21,29 +20,10 @@
 #include <unistd.h>
 
 #include "ferry_bench.h"
-#include "tool_args.h"
 
 #define SEGMENT_LINE "FERRY_BENCH_SEGMENT "
 
-typedef struct options {
-    const char *mode;
-    const char *metadata;
-    const char *segment;
-    const char *transport;
-    const char *via;    /* --via: every request names this transport */
-    int write;
-    size_t block_size;
-    size_t batch_size;
-    unsigned threads;
-    double duration;
-    size_t buffer_size;
-    int verify;
-    int spawn;
-    int latency;
-    int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
-    int baseline;       /* --memcpy-baseline */
-    const char *memory; /* --memory: ferry, heap (posix_memalign + ferry_register) or cxl */
-} options_t;
+typedef ferry_bench_options_t options_t;
 
 typedef struct thread_ctx {
     const options_t *opts;
@@ -57,7 +37,17 @@ typedef struct thread_ctx {
     int failed;
     char transport[32];
     ferry_bench_samples_t samples; /* --latency: microseconds per request */
+    ferry_bench_self_t self;       /* --verify of device memory: copies within our segment */
 } thread_ctx_t;
+
+/* One of a thread's --window batches. */
+typedef struct slot {
+    ferry_batch_h batch;
+    ferry_request_t *reqs;
+    size_t first;   /* the index of its first block (--verify) */
+    unsigned round; /* the pattern round its writes carry (--verify) */
+    int busy;       /* submitted, not yet waited for */
+} slot_t;
 
 static volatile sig_atomic_t stop_requested;
 
@@ -72,158 +62,6 @@ static void on_signal(int sig)
 static unsigned char pattern(uint64_t offset, unsigned round)
 {
     return (unsigned char)((offset * 131u + round * 17u + 7u) >> 3);
-}
-
-static void usage(FILE *out)
-{
-    fprintf(out,
-        "Usage: ferry_bench [--spawn | --mode=target | --mode=initiator --segment=NAME] [options]\n"
-        "  --spawn               start a target process and run the initiator against it\n"
-        "  --mode=MODE           target (register a buffer, serve until SIGTERM) or initiator\n"
-        "  --metadata=URI        metadata store (default: FERRY_METADATA, else p2p)\n"
-        "  --segment=NAME        initiator: the target's segment name\n"
-        "  --operation=OP        read or write (default write)\n"
-        "  -b, --block-size=BYTES  bytes per request (default 64k; k/m/g suffixes)\n"
-        "  -B, --batch-size=N    requests per batch (default 128)\n"
-        "  -t, --threads=N       initiator threads, each with its own batch (default 1)\n"
-        "  -d, --duration=SECONDS  initiator run time (default 5)\n"
-        "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
-        "                        most 64m; blocks wrap around it)\n"
-        "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
-        "  --via=NAME            every request names that transport (ferry_request_t's\n"
-        "                        transport field) instead of the engine choosing one\n"
-        "  --memory=KIND         ferry (default): buffers from ferry_alloc, the memory the\n"
-        "                        transports reach best; heap: malloc-ed memory registered\n"
-        "                        with ferry_register; cxl: ferry_alloc from the CXL window\n"
-        "                        (FERRY_CXL_PATH) (both sides)\n"
-        "  --memcpy-baseline     first measure single-thread memcpy of the same blocks\n"
-        "                        between two buffers of this process, of the --memory\n"
-        "                        kind the benchmark uses, and print it\n"
-        "  --verify              check every byte moved (throughput then means little)\n"
-        "  --latency             one request per batch, timed from submit to completion\n"
-        "                        (a write completes once in the target's memory); prints\n"
-        "                        the median and 99th percentile in microseconds of the\n"
-        "                        mean of each 32 consecutive requests\n"
-        "  --pingpong            writes back and forth: each side writes a block into the\n"
-        "                        other's buffer, waits for completion and polls its own\n"
-        "                        buffer for the reply (as ucx_perftest put_lat and OSU\n"
-        "                        latency do); prints half the round trip (median, 99th\n"
-        "                        percentile of 32-round-trip means); block >= 8 bytes\n"
-        "Prints throughput in GB/s (10^9 bytes per second) and requests per second.\n"
-        "ferry_bench --metadata-ops [--metadata=URI] measures the metadata store instead\n"
-        "(see ferry_bench --metadata-ops --help).\n");
-}
-
-static int parse_options(int argc, char **argv, options_t *o)
-{
-    static const struct option long_options[] = {
-        {"mode", required_argument, NULL, 'M'},      {"metadata", required_argument, NULL, 'm'},
-        {"segment", required_argument, NULL, 's'},   {"operation", required_argument, NULL, 'o'},
-        {"block-size", required_argument, NULL, 'b'}, {"batch-size", required_argument, NULL, 'B'},
-        {"threads", required_argument, NULL, 't'},   {"duration", required_argument, NULL, 'd'},
-        {"buffer-size", required_argument, NULL, 'S'}, {"transport", required_argument, NULL, 'T'},
-        {"verify", no_argument, NULL, 'v'},          {"spawn", no_argument, NULL, 'P'},
-        {"latency", no_argument, NULL, 'L'},          {"memory", required_argument, NULL, 'A'},
-        {"memcpy-baseline", no_argument, NULL, 'C'}, {"pingpong", no_argument, NULL, 'G'},
-        {"via", required_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
-    };
-    *o = (options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
-                     .threads = 1, .duration = 5.0, .memory = "ferry"};
-    int opt;
-    char *end;
-    /* Short options for the ones a benchmark run changes most. */
-    while ((opt = getopt_long(argc, argv, "hb:B:t:d:", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'M': o->mode = optarg; break;
-        case 'm': o->metadata = optarg; break;
-        case 's': o->segment = optarg; break;
-        case 'T': o->transport = optarg; break;
-        case 'v': o->verify = 1; break;
-        case 'L': o->latency = 1; break;
-        case 'G': o->pingpong = 1; break;
-        case 'V': o->via = optarg; break;
-        case 'C': o->baseline = 1; break;
-        case 'P': o->spawn = 1; break;
-        case 'A':
-            if (strcmp(optarg, "ferry") && strcmp(optarg, "heap") && strcmp(optarg, "cxl")) {
-                fprintf(stderr, "ferry_bench: --memory is ferry, heap or cxl, not %s\n",
-                        optarg);
-                return -1;
-            }
-            o->memory = optarg;
-            break;
-        case 'o':
-            if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
-                fprintf(stderr, "ferry_bench: --operation is read or write, not %s\n", optarg);
-                return -1;
-            }
-            o->write = strcmp(optarg, "write") == 0;
-            break;
-        case 'b':
-            if (ferry_tool_parse_size(optarg, &o->block_size) || o->block_size == 0) {
-                fprintf(stderr, "ferry_bench: bad --block-size %s\n", optarg);
-                return -1;
-            }
-            break;
-        case 'B':
-            if (ferry_tool_parse_size(optarg, &o->batch_size) || o->batch_size == 0) {
-                fprintf(stderr, "ferry_bench: bad --batch-size %s\n", optarg);
-                return -1;
-            }
-            break;
-        case 'S':
-            if (ferry_tool_parse_size(optarg, &o->buffer_size) || o->buffer_size == 0) {
-                fprintf(stderr, "ferry_bench: bad --buffer-size %s\n", optarg);
-                return -1;
-            }
-            break;
-        case 't':
-            o->threads = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->threads == 0 || o->threads > 256) {
-                fprintf(stderr, "ferry_bench: --threads is 1..256\n");
-                return -1;
-            }
-            break;
-        case 'd':
-            o->duration = strtod(optarg, &end);
-            if (*end || o->duration < 0) {
-                fprintf(stderr, "ferry_bench: bad --duration %s\n", optarg);
-                return -1;
-            }
-            break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "ferry_bench: unexpected argument %s\n", argv[optind]);
-        return -1;
-    }
-    if (strcmp(o->mode, "target") && strcmp(o->mode, "initiator")) {
-        fprintf(stderr, "ferry_bench: --mode is target or initiator\n");
-        return -1;
-    }
-    if (o->pingpong && (o->block_size < 8 || !o->write || o->threads != 1 || o->verify)) {
-        fprintf(stderr, "ferry_bench: --pingpong writes blocks of at least 8 bytes, one "
-                "thread, no --verify\n");
-        return -1;
-    }
-    if (o->latency || o->pingpong)
-        o->batch_size = 1;
-    if (o->buffer_size == 0) {
-        size_t want = o->block_size * o->batch_size;
-        o->buffer_size = want < ((size_t)64 << 20) ? want : ((size_t)64 << 20);
-    }
-    if (o->buffer_size < o->block_size)
-        o->buffer_size = o->block_size;
-    if (o->pingpong && o->buffer_size < ferry_bench_pingpong_size(o->block_size))
-        o->buffer_size = ferry_bench_pingpong_size(o->block_size); /* receive and send blocks */
-    if (!o->spawn && !strcmp(o->mode, "initiator") && o->segment == NULL) {
-        fprintf(stderr, "ferry_bench: the initiator needs --segment=NAME (or use --spawn)\n");
-        return -1;
-    }
-    return 0;
 }
 
 static int make_engine(const options_t *o, ferry_engine_h *engine_p)
@@ -245,37 +83,11 @@ static int make_engine(const options_t *o, ferry_engine_h *engine_p)
     return 0;
 }
 
-/* A registered buffer of size bytes, from ferry_alloc (host memory or the
- * CXL window) or from the heap. */
-static unsigned char *buffer_acquire(const options_t *o, ferry_engine_h engine, size_t size)
+/* The byte a target holds at offset i of its buffer (pattern round 0). */
+static unsigned char target_byte(size_t i, void *arg)
 {
-    void *p = NULL;
-    ferry_status_t status;
-    if (strcmp(o->memory, "heap") != 0) {
-        const char *location = strcmp(o->memory, "cxl") == 0 ? "cxl" : "cpu";
-        status = ferry_alloc(engine, size, location, FERRY_REG_REMOTE, &p);
-    } else if (posix_memalign(&p, 4096, size) != 0) {
-        p = NULL;
-        status = FERRY_ERR_NO_MEMORY;
-    } else if ((status = ferry_register(engine, p, size, "cpu", FERRY_REG_REMOTE)) != FERRY_OK) {
-        free(p);
-    }
-    if (status != FERRY_OK) {
-        fprintf(stderr, "ferry_bench: cannot get a registered buffer of %zu bytes: %s\n", size,
-                ferry_status_string(status));
-        return NULL;
-    }
-    return p;
-}
-
-static void buffer_release(const options_t *o, ferry_engine_h engine, unsigned char *buffer)
-{
-    if (strcmp(o->memory, "heap") != 0) {
-        ferry_free(engine, buffer);
-    } else {
-        ferry_unregister(engine, buffer);
-        free(buffer);
-    }
+    const options_t *o = arg;
+    return pattern(i % o->buffer_size, 0);
 }
 
 static int run_target(const options_t *o)
@@ -284,13 +96,26 @@ static int run_target(const options_t *o)
     if (make_engine(o, &engine))
         return 1;
     size_t total = o->buffer_size * o->threads;
-    unsigned char *buffer = buffer_acquire(o, engine, total);
+    unsigned char *buffer = ferry_bench_buffer_acquire(engine, o->remote_memory, total);
     if (buffer == NULL) {
         ferry_engine_destroy(engine);
         return 1;
     }
-    for (size_t i = 0; i < total; i++)
-        buffer[i] = pattern(i % o->buffer_size, 0);
+    ferry_bench_self_t self = {0};
+    ferry_status_t status = FERRY_OK;
+    if (ferry_bench_memory_is_device(o->remote_memory))
+        status = ferry_bench_self_open(&self, engine);
+    if (status == FERRY_OK)
+        status = ferry_bench_fill(&self, o->remote_memory, buffer, total, target_byte,
+                                  (void *)o);
+    ferry_bench_self_close(&self);
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: target: cannot fill its buffer at %s: %s\n",
+                ferry_bench_memory_location(o->remote_memory), ferry_status_string(status));
+        ferry_bench_buffer_release(engine, o->remote_memory, buffer);
+        ferry_engine_destroy(engine);
+        return 1;
+    }
     printf(SEGMENT_LINE "%s\n", ferry_engine_segment_name(engine));
     printf("FERRY_BENCH_BUFFER 0x%" PRIxPTR " %zu\n", (uintptr_t)buffer, total);
     fflush(stdout);
@@ -314,11 +139,14 @@ static int run_target(const options_t *o)
             ferry_bench_pingpong_target(engine, &hello, buffer, total) != 0)
             failed = 1;
     }
-    buffer_release(o, engine, buffer);
+    ferry_bench_buffer_release(engine, o->remote_memory, buffer);
     ferry_engine_destroy(engine);
     return failed;
 }
 
+/* Check the blocks of the batch just completed: a write's blocks are read
+ * back from the target, a read's compared where they landed (through
+ * scratch, host memory, when that is device memory). */
 static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, unsigned round,
                          unsigned char *scratch)
 {
@@ -327,15 +155,24 @@ static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, u
     for (size_t i = 0; i < o->batch_size; i++) {
         size_t offset = ((first + i) % slots) * o->block_size;
         unsigned char *got = ctx->local + offset;
+        ferry_status_t status = FERRY_OK;
         if (o->write) {
             /* Read the block back and compare with what was written. */
             ferry_request_t req = {.opcode = FERRY_OP_READ, .local = scratch,
                                    .target = ctx->segment, .target_offset = ctx->remote + offset,
                                    .length = o->block_size};
-            if (ferry_batch_submit(batch, &req, 1) != FERRY_OK ||
-                ferry_batch_wait(batch, -1) != FERRY_OK)
-                return -1;
+            status = ferry_batch_submit(batch, &req, 1);
+            if (status == FERRY_OK)
+                status = ferry_batch_wait(batch, -1);
             got = scratch;
+        } else if (ferry_bench_memory_is_device(o->local_memory)) {
+            status = ferry_bench_get(&ctx->self, o->local_memory, scratch, got, o->block_size);
+            got = scratch;
+        }
+        if (status != FERRY_OK) {
+            fprintf(stderr, "ferry_bench: verify: cannot fetch block offset %zu: %s\n", offset,
+                    ferry_status_string(status));
+            return -1;
         }
         for (size_t b = 0; b < o->block_size; b++) {
             unsigned char want = pattern(offset + b, o->write ? round : 0);
@@ -349,22 +186,98 @@ static int verify_blocks(thread_ctx_t *ctx, ferry_batch_h batch, size_t first, u
     return 0;
 }
 
+/* --verify of a write: the pattern of this round into the local block
+ * (through scratch when it is device memory). */
+static int fill_block(thread_ctx_t *ctx, size_t offset, unsigned round, unsigned char *scratch)
+{
+    const options_t *o = ctx->opts;
+    int device = ferry_bench_memory_is_device(o->local_memory);
+    unsigned char *to = device ? scratch : ctx->local + offset;
+    for (size_t b = 0; b < o->block_size; b++)
+        to[b] = pattern(offset + b, round);
+    if (!device)
+        return 0;
+    ferry_status_t status =
+        ferry_bench_put(&ctx->self, o->local_memory, ctx->local + offset, scratch, o->block_size);
+    if (status != FERRY_OK)
+        fprintf(stderr, "ferry_bench: verify: cannot fill block offset %zu: %s\n", offset,
+                ferry_status_string(status));
+    return status == FERRY_OK ? 0 : -1;
+}
+
+/* Wait for a slot's batch and count what it moved. */
+static int complete_slot(thread_ctx_t *ctx, slot_t *slot, unsigned char *scratch)
+{
+    const options_t *o = ctx->opts;
+    ferry_status_t status = ferry_batch_wait(slot->batch, -1);
+    slot->busy = 0;
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: batch failed: %s\n", ferry_status_string(status));
+        return -1;
+    }
+    if (ctx->batches == 0) {
+        ferry_xfer_status_t xs;
+        if (ferry_batch_status(slot->batch, 0, &xs) == FERRY_OK)
+            snprintf(ctx->transport, sizeof(ctx->transport), "%s", xs.transport);
+    }
+    ctx->batches++;
+    ctx->requests += o->batch_size;
+    ctx->bytes += (uint64_t)o->batch_size * o->block_size;
+    if (o->verify && verify_blocks(ctx, slot->batch, slot->first, slot->round, scratch) != 0)
+        return -1;
+    return 0;
+}
+
+static void slots_free(slot_t *slots, unsigned count)
+{
+    for (unsigned i = 0; slots && i < count; i++) {
+        if (slots[i].batch)
+            ferry_batch_destroy(slots[i].batch);
+        free(slots[i].reqs);
+    }
+    free(slots);
+}
+
+static slot_t *slots_create(thread_ctx_t *ctx)
+{
+    const options_t *o = ctx->opts;
+    slot_t *slots = calloc(o->window, sizeof(*slots));
+    for (unsigned i = 0; slots && i < o->window; i++) {
+        slots[i].reqs = calloc(o->batch_size, sizeof(*slots[i].reqs));
+        if (slots[i].reqs == NULL ||
+            ferry_batch_create(ctx->engine, o->batch_size, &slots[i].batch) != FERRY_OK) {
+            slots_free(slots, o->window);
+            return NULL;
+        }
+    }
+    return slots;
+}
+
+/*
+ * Batches go out in turn from --window slots: a slot is waited for only
+ * when its turn comes again, so up to window batches are in flight (with
+ * one slot, each batch is waited for right after its submit).
+ */
 static void *initiator_thread(void *arg)
 {
     thread_ctx_t *ctx = arg;
     const options_t *o = ctx->opts;
-    ferry_batch_h batch;
-    ferry_request_t *reqs = calloc(o->batch_size, sizeof(*reqs));
+    slot_t *slots = slots_create(ctx);
     unsigned char *scratch = o->verify ? malloc(o->block_size) : NULL;
-    size_t slots = o->buffer_size / o->block_size;
-    ferry_status_t status = ferry_batch_create(ctx->engine, o->batch_size, &batch);
+    size_t slots_in_buffer = o->buffer_size / o->block_size;
+    int self_needed = o->verify && ferry_bench_memory_is_device(o->local_memory);
+    ferry_status_t status = self_needed ? ferry_bench_self_open(&ctx->self, ctx->engine)
+                                        : FERRY_OK;
     pthread_barrier_wait(ctx->start);
-    if (status != FERRY_OK || reqs == NULL || (o->verify && scratch == NULL)) {
+    if (status != FERRY_OK || slots == NULL || (o->verify && scratch == NULL)) {
         ctx->failed = 1;
+        slots_free(slots, o->window);
+        free(scratch);
+        ferry_bench_self_close(&ctx->self);
         return NULL;
     }
     size_t next = 0;
-    unsigned round = 0;
+    unsigned round = 0, turn = 0;
     double begin = ferry_bench_now(), end = begin + o->duration;
     /* Latency samples are the mean of LATENCY_GROUP consecutive requests
      * (each submitted and waited for alone): reading the clock around every
@@ -373,50 +286,56 @@ static void *initiator_thread(void *arg)
     double group_start = begin;
     unsigned in_group = 0;
     do {
-        size_t first = next;
-        for (size_t i = 0; i < o->batch_size; i++, next++) {
-            size_t offset = (next % slots) * o->block_size;
-            if (o->verify && o->write)
-                for (size_t b = 0; b < o->block_size; b++)
-                    ctx->local[offset + b] = pattern(offset + b, round);
-            reqs[i] = (ferry_request_t){.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
-                                        .local = ctx->local + offset, .target = ctx->segment,
-                                        .target_offset = ctx->remote + offset,
-                                        .length = o->block_size, .transport = o->via};
+        slot_t *slot = &slots[turn];
+        if (slot->busy && complete_slot(ctx, slot, scratch) != 0) {
+            ctx->failed = 1;
+            break;
         }
-        status = ferry_batch_submit(batch, reqs, o->batch_size);
-        if (status == FERRY_OK)
-            status = ferry_batch_wait(batch, -1);
-        if (o->latency && status == FERRY_OK && ++in_group == LATENCY_GROUP) {
+        slot->first = next;
+        slot->round = round;
+        for (size_t i = 0; i < o->batch_size; i++, next++) {
+            size_t offset = (next % slots_in_buffer) * o->block_size;
+            if (o->verify && o->write && fill_block(ctx, offset, round, scratch) != 0) {
+                ctx->failed = 1;
+                break;
+            }
+            slot->reqs[i] = (ferry_request_t){.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
+                                              .local = ctx->local + offset,
+                                              .target = ctx->segment,
+                                              .target_offset = ctx->remote + offset,
+                                              .length = o->block_size, .transport = o->via};
+        }
+        if (ctx->failed)
+            break;
+        status = ferry_batch_submit(slot->batch, slot->reqs, o->batch_size);
+        if (status != FERRY_OK) {
+            fprintf(stderr, "ferry_bench: submit failed: %s\n", ferry_status_string(status));
+            ctx->failed = 1;
+            break;
+        }
+        slot->busy = 1;
+        if (o->window == 1 && complete_slot(ctx, slot, scratch) != 0) {
+            ctx->failed = 1;
+            break;
+        }
+        if (o->latency && ++in_group == LATENCY_GROUP) {
             double group_end = ferry_bench_now();
             double us = (group_end - group_start) * 1e6 / LATENCY_GROUP;
             group_start = group_end;
             in_group = 0;
             ferry_bench_samples_add(&ctx->samples, us);
         }
-        if (status != FERRY_OK) {
-            fprintf(stderr, "ferry_bench: batch failed: %s\n", ferry_status_string(status));
-            ctx->failed = 1;
-            break;
-        }
-        if (ctx->batches == 0) {
-            ferry_xfer_status_t xs;
-            if (ferry_batch_status(batch, 0, &xs) == FERRY_OK)
-                snprintf(ctx->transport, sizeof(ctx->transport), "%s", xs.transport);
-        }
-        ctx->batches++;
-        ctx->requests += o->batch_size;
-        ctx->bytes += (uint64_t)o->batch_size * o->block_size;
-        if (o->verify && verify_blocks(ctx, batch, first, round, scratch) != 0) {
-            ctx->failed = 1;
-            break;
-        }
+        turn = (turn + 1) % o->window;
         round++;
     } while ((in_group != 0 || ferry_bench_now() < end) && !stop_requested);
+    /* The batches still in flight count: the time runs until they end. */
+    for (unsigned i = 0; i < o->window; i++)
+        if (slots[i].busy && complete_slot(ctx, &slots[i], scratch) != 0)
+            ctx->failed = 1;
     ctx->seconds = ferry_bench_now() - begin;
-    ferry_batch_destroy(batch);
-    free(reqs);
+    slots_free(slots, o->window);
     free(scratch);
+    ferry_bench_self_close(&ctx->self);
     return NULL;
 }
 
@@ -425,7 +344,13 @@ static void *initiator_thread(void *arg)
  * of a same-host copy, so the ratio is what the transport costs. */
 static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const unsigned char *src)
 {
-    unsigned char *dst = buffer_acquire(o, engine, o->buffer_size);
+    if (ferry_bench_memory_is_device(o->local_memory)) {
+        /* The CPU cannot copy device memory; the device's own copy rate is
+         * what contrib/gpu_baseline.cu measures. */
+        printf("memcpy baseline: skipped: %s is device memory\n", o->local_memory);
+        return;
+    }
+    unsigned char *dst = ferry_bench_buffer_acquire(engine, o->local_memory, o->buffer_size);
     if (dst == NULL)
         return;
     memset(dst, 0, o->buffer_size);
@@ -445,7 +370,44 @@ static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const uns
            bytes / elapsed / 1e9, o->block_size, o->buffer_size);
     printf("BASELINE memcpy block_size=%zu gbps=%.4f\n", o->block_size, bytes / elapsed / 1e9);
     fflush(stdout);
-    buffer_release(o, engine, dst);
+    ferry_bench_buffer_release(engine, o->local_memory, dst);
+}
+
+/* The first request to the target, submit to completion: what a new peer
+ * costs (connection, descriptor confirmation, a GPU IPC open) on top of a
+ * request.  A small one, so the time is not the copy's. */
+static int first_request(const options_t *o, ferry_engine_h engine, ferry_segment_h segment,
+                         unsigned char *buffer, uint64_t remote, double open_seconds)
+{
+    ferry_batch_h batch;
+    ferry_status_t status = ferry_batch_create(engine, 1, &batch);
+    if (status != FERRY_OK)
+        return -1;
+    size_t length = o->block_size < 64 ? o->block_size : 64;
+    ferry_request_t req = {.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ, .local = buffer,
+                           .target = segment, .target_offset = remote, .length = length,
+                           .transport = o->via};
+    double begin = ferry_bench_now();
+    status = ferry_batch_submit(batch, &req, 1);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, -1);
+    double us = (ferry_bench_now() - begin) * 1e6;
+    ferry_xfer_status_t xs;
+    const char *transport = "?";
+    if (status == FERRY_OK && ferry_batch_status(batch, 0, &xs) == FERRY_OK && xs.transport)
+        transport = xs.transport;
+    if (status != FERRY_OK)
+        fprintf(stderr, "ferry_bench: the first request failed: %s\n",
+                ferry_status_string(status));
+    printf("first request: %.1f us (%s of %zu B over %s; segment open %.1f us before it)\n", us,
+           o->write ? "write" : "read", length, transport, open_seconds * 1e6);
+    printf("FIRST operation=%s transport=%s length=%zu first_us=%.1f open_us=%.1f "
+           "local_memory=%s remote_memory=%s status=%s\n", o->write ? "write" : "read",
+           transport, length, us, open_seconds * 1e6, o->local_memory, o->remote_memory,
+           status == FERRY_OK ? "ok" : "failed");
+    fflush(stdout);
+    ferry_batch_destroy(batch);
+    return status == FERRY_OK ? 0 : -1;
 }
 
 static int run_initiator(const options_t *o, const char *segment_name)
@@ -454,7 +416,9 @@ static int run_initiator(const options_t *o, const char *segment_name)
     ferry_segment_h segment;
     if (make_engine(o, &engine))
         return 1;
+    double open_begin = ferry_bench_now();
     ferry_status_t status = ferry_segment_open(engine, segment_name, &segment);
+    double open_seconds = ferry_bench_now() - open_begin;
     if (status != FERRY_OK) {
         fprintf(stderr, "ferry_bench: open segment %s: %s\n", segment_name,
                 ferry_status_string(status));
@@ -476,21 +440,28 @@ static int run_initiator(const options_t *o, const char *segment_name)
         return 1;
     }
     size_t total = o->buffer_size * o->threads;
-    unsigned char *buffer = buffer_acquire(o, engine, total);
+    unsigned char *buffer = ferry_bench_buffer_acquire(engine, o->local_memory, total);
     if (buffer == NULL) {
         ferry_engine_destroy(engine);
         return 1;
     }
-    memset(buffer, 0, total);
+    if (!ferry_bench_memory_is_device(o->local_memory))
+        memset(buffer, 0, total);
     if (o->baseline)
         memcpy_baseline(o, engine, buffer);
     if (o->pingpong) {
         int rc = ferry_bench_pingpong_initiator(engine, segment, remote, buffer, o->block_size,
                                                 o->duration);
         ferry_segment_close(engine, segment);
-        buffer_release(o, engine, buffer);
+        ferry_bench_buffer_release(engine, o->local_memory, buffer);
         ferry_engine_destroy(engine);
         return rc ? 1 : 0;
+    }
+    if (first_request(o, engine, segment, buffer, remote, open_seconds) != 0) {
+        ferry_segment_close(engine, segment);
+        ferry_bench_buffer_release(engine, o->local_memory, buffer);
+        ferry_engine_destroy(engine);
+        return 1;
     }
     thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
     pthread_t *tids = calloc(o->threads, sizeof(*tids));
@@ -519,18 +490,20 @@ static int run_initiator(const options_t *o, const char *segment_name)
     }
     if (seconds <= 0)
         seconds = 1e-9;
-    printf("ferry_bench: %s, transport %s, block %zu B, batch %zu, threads %u, buffer %zu B, "
-           "%.2f s%s\n", o->write ? "write" : "read", ctxs[0].transport[0] ? ctxs[0].transport
-           : "?", o->block_size, o->batch_size, o->threads, o->buffer_size, seconds,
+    printf("ferry_bench: %s, transport %s, block %zu B, batch %zu, window %u, threads %u, "
+           "buffer %zu B, memory %s -> %s, %.2f s%s\n", o->write ? "write" : "read",
+           ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, o->batch_size,
+           o->window, o->threads, o->buffer_size, o->local_memory, o->remote_memory, seconds,
            o->verify ? ", verified" : "");
     printf("throughput: %.3f GB/s, %.0f requests/s\n", bytes / seconds / 1e9,
            requests / seconds);
     printf("RESULT operation=%s transport=%s block_size=%zu batch_size=%zu threads=%u "
            "seconds=%.3f bytes=%" PRIu64 " gbps=%.4f requests_per_s=%.0f verified=%s "
-           "status=%s\n", o->write ? "write" : "read", ctxs[0].transport[0] ?
-           ctxs[0].transport : "?", o->block_size, o->batch_size, o->threads, seconds, bytes,
-           bytes / seconds / 1e9, requests / seconds, o->verify ? "yes" : "no",
-           failed ? "failed" : "ok");
+           "status=%s window=%u local_memory=%s remote_memory=%s\n", o->write ? "write" : "read",
+           ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, o->batch_size,
+           o->threads, seconds, bytes, bytes / seconds / 1e9, requests / seconds,
+           o->verify ? "yes" : "no", failed ? "failed" : "ok", o->window, o->local_memory,
+           o->remote_memory);
     if (o->latency) {
         size_t n_samples = samples.count;
         double median, p99;
@@ -538,8 +511,9 @@ static int run_initiator(const options_t *o, const char *segment_name)
         printf("latency: median %.2f us, 99th percentile %.2f us, %zu requests\n", median,
                p99, n_samples);
         printf("LATENCY operation=%s transport=%s block_size=%zu median_us=%.3f p99_us=%.3f "
-               "samples=%zu\n", o->write ? "write" : "read", ctxs[0].transport[0] ?
-               ctxs[0].transport : "?", o->block_size, median, p99, n_samples);
+               "samples=%zu local_memory=%s remote_memory=%s\n", o->write ? "write" : "read",
+               ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, median, p99,
+               n_samples, o->local_memory, o->remote_memory);
     }
     ferry_bench_samples_free(&samples);
     fflush(stdout);
@@ -547,7 +521,7 @@ static int run_initiator(const options_t *o, const char *segment_name)
     free(ctxs);
     free(tids);
     ferry_segment_close(engine, segment);
-    buffer_release(o, engine, buffer);
+    ferry_bench_buffer_release(engine, o->local_memory, buffer);
     ferry_engine_destroy(engine);
     return failed ? 1 : 0;
 }
@@ -578,7 +552,7 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
         args[n++] = "--spawn";
         args[n++] = buffer_size;
         args[n++] = threads;
-        char metadata[512], transport[256], memory[32];
+        char metadata[512], transport[256], memory[128];
         if (o->metadata) {
             snprintf(metadata, sizeof(metadata), "--metadata=%s", o->metadata);
             args[n++] = metadata;
@@ -587,7 +561,7 @@ static int spawn_target(char **argv, const options_t *o, pid_t *pid_p, int *life
             snprintf(transport, sizeof(transport), "--transport=%s", o->transport);
             args[n++] = transport;
         }
-        snprintf(memory, sizeof(memory), "--memory=%s", o->memory);
+        snprintf(memory, sizeof(memory), "--remote-memory=%s", o->remote_memory);
         args[n++] = memory;
         args[n] = NULL;
         execv("/proc/self/exe", args);
@@ -625,7 +599,7 @@ int main(int argc, char **argv)
     options_t o;
     if (wants_metadata_ops(argc, argv))
         return ferry_bench_metadata_main(argc, argv);
-    if (parse_options(argc, argv, &o) != 0)
+    if (ferry_bench_parse_options(argc, argv, &o) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     if (strcmp(o.mode, "target") == 0)

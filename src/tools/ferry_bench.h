@@ -4,6 +4,34 @@
 
 #include <ferry/ferry.h>
 
+/* The command line (ferry_bench_options.c parses it). */
+typedef struct ferry_bench_options {
+    const char *mode;
+    const char *metadata;
+    const char *segment;
+    const char *transport;
+    const char *via;    /* --via: every request names this transport */
+    int write;
+    size_t block_size;
+    size_t batch_size;
+    unsigned threads;
+    double duration;
+    size_t buffer_size;
+    int verify;
+    int spawn;
+    int latency;
+    int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
+    int baseline;       /* --memcpy-baseline */
+    unsigned window;    /* --window: batches kept in flight by each thread */
+    /* --memory (both), --local-memory (the initiator's buffers),
+     * --remote-memory (the target's): ferry_bench_memory.c */
+    const char *local_memory;
+    const char *remote_memory;
+} ferry_bench_options_t;
+
+/* 0, or -1 after a message on stderr (--help prints usage and exits). */
+int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o);
+
 /* ferry_bench_samples.c: the clock, and latency samples in microseconds. */
 typedef struct ferry_bench_samples {
     double *values;
@@ -36,6 +64,40 @@ int ferry_bench_pingpong_initiator(ferry_engine_h engine, ferry_segment_h segmen
  * something else or the exchange ended well. */
 int ferry_bench_pingpong_target(ferry_engine_h engine, const ferry_notify_t *hello,
                                 unsigned char *buffer, size_t size);
+
+/* ferry_bench_memory.c: buffers at a memory location (--memory and
+ * --local-memory / --remote-memory), and bytes in and out of them.  A
+ * memory is "heap" (posix_memalign + ferry_register), "ferry" (ferry_alloc
+ * at "cpu") or a location for ferry_alloc ("cpu", "cxl", "cuda:0", ...). */
+int ferry_bench_memory_valid(const char *memory);
+/* The location ferry_alloc or ferry_register gets ("cpu" for heap and ferry). */
+const char *ferry_bench_memory_location(const char *memory);
+/* Whether it is device memory, which the CPU must never touch. */
+int ferry_bench_memory_is_device(const char *memory);
+unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *memory, size_t size);
+void ferry_bench_buffer_release(ferry_engine_h engine, const char *memory, unsigned char *buffer);
+
+/* The engine's own segment and a batch for copies within it: how bytes
+ * reach device memory without the CPU touching it (one per thread). */
+typedef struct ferry_bench_self {
+    ferry_engine_h engine;
+    ferry_segment_h segment;
+    ferry_batch_h batch;
+} ferry_bench_self_t;
+ferry_status_t ferry_bench_self_open(ferry_bench_self_t *self, ferry_engine_h engine);
+void ferry_bench_self_close(ferry_bench_self_t *self);
+/* length bytes from host memory src into dst, memory of kind `memory`
+ * (memcpy for host memory, else a WRITE within the own segment); get is
+ * the reverse, into host memory dst. */
+ferry_status_t ferry_bench_put(ferry_bench_self_t *self, const char *memory, void *dst,
+                               const void *src, size_t length);
+ferry_status_t ferry_bench_get(ferry_bench_self_t *self, const char *memory, void *dst,
+                               const void *src, size_t length);
+/* buffer[i] = byte(i, arg) for i < length, through a host staging buffer
+ * when it is device memory. */
+ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory,
+                                unsigned char *buffer, size_t length,
+                                unsigned char (*byte)(size_t index, void *arg), void *arg);
 
 /* --metadata-ops: control-plane latency, in ferry_bench_metadata.c */
 int ferry_bench_metadata_main(int argc, char **argv);

@@ -9,15 +9,17 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "Usage: ferry_info [-v] [-p] [-c] [-s NAME [-m URI]]\n"
+            "Usage: ferry_info [-v] [-p] [-d] [-c] [-s NAME [-m URI]]\n"
             "  -v, --version         print the version\n"
             "  -p, --plugins         list built-in plugins and modules found\n"
+            "  -d, --devices         list accelerator modules (cuda, hip), whether each can\n"
+            "                        be used here (or why not) and their devices\n"
             "  -c, --config          print every setting with its default and doc\n"
             "  -s, --segment=NAME    print the decoded descriptor of segment NAME\n"
             "  -m, --metadata=URI    metadata store to find NAME in (default: FERRY_METADATA "
             "or p2p)\n"
             "  -h, --help            this text\n"
-            "Without options: version and plugins.\n");
+            "Without options: version, plugins and devices.\n");
 }
 
 static int describe(const char *name, const char *metadata)
@@ -53,6 +55,7 @@ int main(int argc, char **argv)
 {
     static const struct option options[] = {
         {"version", no_argument, NULL, 'v'},   {"plugins", no_argument, NULL, 'p'},
+        {"devices", no_argument, NULL, 'd'},
         {"config", no_argument, NULL, 'c'},    {"segment", required_argument, NULL, 's'},
         {"metadata", required_argument, NULL, 'm'}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -60,10 +63,11 @@ int main(int argc, char **argv)
     unsigned what = 0;
     const char *segment = NULL, *metadata = NULL;
     int opt;
-    while ((opt = getopt_long(argc, argv, "vpcs:m:h", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "vpdcs:m:h", options, NULL)) != -1) {
         switch (opt) {
         case 'v': what |= FERRY_INFO_VERSION; break;
         case 'p': what |= FERRY_INFO_PLUGINS; break;
+        case 'd': what |= FERRY_INFO_DEVICES; break;
         case 'c': what |= FERRY_INFO_SETTINGS; break;
         case 's': segment = optarg; break;
         case 'm': metadata = optarg; break;
@@ -78,6 +82,7 @@ int main(int argc, char **argv)
     }
     if (segment != NULL)
         return describe(segment, metadata);
-    ferry_info_print(stdout, what ? what : FERRY_INFO_VERSION | FERRY_INFO_PLUGINS);
+    ferry_info_print(stdout, what ? what
+                                  : FERRY_INFO_VERSION | FERRY_INFO_PLUGINS | FERRY_INFO_DEVICES);
     return 0;
 }

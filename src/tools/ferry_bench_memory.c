@@ -1,0 +1,162 @@
+/*
+ * ferry_bench's buffers: where they come from (--memory, --local-memory,
+ * --remote-memory) and how the benchmark fills and checks them.
+ *
+ * Device memory (cuda:N, hip:N, testgpu:N: any location that is not host
+ * memory) is never touched by the CPU here: it may not be mapped in this
+ * process at all (testgpu maps it PROT_NONE so that a dereference crashes).
+ * Bytes go in and out of it through the public API only, as a user's
+ * program would move them: a host buffer of this process and a transfer
+ * within the engine's own segment, which the engine serves with the
+ * device's own copy.
+ */
+#include "ferry_bench.h"
+
+#include <ferry/plugin.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Own-segment copies go through a host buffer of this size at most. */
+#define STAGING_MAX ((size_t)4 << 20)
+
+int ferry_bench_memory_valid(const char *memory)
+{
+    if (strcmp(memory, "heap") == 0 || strcmp(memory, "ferry") == 0)
+        return 1;
+    /* kind[:qualifier], the syntax ferry_alloc takes; "*" (detect from the
+     * pointer) names no memory to allocate. */
+    size_t i = 0;
+    while ((memory[i] >= 'a' && memory[i] <= 'z') ||
+           (i > 0 && ((memory[i] >= '0' && memory[i] <= '9') || memory[i] == '_')))
+        i++;
+    if (i == 0)
+        return 0;
+    if (memory[i] == '\0')
+        return 1;
+    if (memory[i] != ':' || memory[i + 1] == '\0')
+        return 0;
+    return strspn(memory + i + 1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                  "0123456789_.-") == strlen(memory + i + 1);
+}
+
+const char *ferry_bench_memory_location(const char *memory)
+{
+    return strcmp(memory, "heap") == 0 || strcmp(memory, "ferry") == 0 ? "cpu" : memory;
+}
+
+int ferry_bench_memory_is_device(const char *memory)
+{
+    return !ferry_location_is_host(ferry_bench_memory_location(memory));
+}
+
+unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *memory, size_t size)
+{
+    void *p = NULL;
+    ferry_status_t status;
+    if (strcmp(memory, "heap") != 0) {
+        status =
+            ferry_alloc(engine, size, ferry_bench_memory_location(memory), FERRY_REG_REMOTE, &p);
+    } else if (posix_memalign(&p, 4096, size) != 0) {
+        p = NULL;
+        status = FERRY_ERR_NO_MEMORY;
+    } else if ((status = ferry_register(engine, p, size, "cpu", FERRY_REG_REMOTE)) != FERRY_OK) {
+        free(p);
+    }
+    if (status != FERRY_OK) {
+        fprintf(stderr, "ferry_bench: cannot get a registered buffer of %zu bytes at %s: %s\n",
+                size, ferry_bench_memory_location(memory), ferry_status_string(status));
+        return NULL;
+    }
+    return p;
+}
+
+void ferry_bench_buffer_release(ferry_engine_h engine, const char *memory, unsigned char *buffer)
+{
+    if (strcmp(memory, "heap") != 0) {
+        ferry_free(engine, buffer);
+    } else {
+        ferry_unregister(engine, buffer);
+        free(buffer);
+    }
+}
+
+ferry_status_t ferry_bench_self_open(ferry_bench_self_t *self, ferry_engine_h engine)
+{
+    *self = (ferry_bench_self_t){.engine = engine};
+    ferry_status_t status =
+        ferry_segment_open(engine, ferry_engine_segment_name(engine), &self->segment);
+    if (status != FERRY_OK)
+        return status;
+    status = ferry_batch_create(engine, 1, &self->batch);
+    if (status != FERRY_OK)
+        ferry_segment_close(engine, self->segment);
+    return status;
+}
+
+void ferry_bench_self_close(ferry_bench_self_t *self)
+{
+    if (self->engine == NULL)
+        return;
+    ferry_batch_destroy(self->batch);
+    ferry_segment_close(self->engine, self->segment);
+    *self = (ferry_bench_self_t){0};
+}
+
+/* One request into (WRITE) or out of (READ) our own segment. */
+static ferry_status_t self_copy(ferry_bench_self_t *self, ferry_opcode_t opcode, void *host,
+                                const void *device, size_t length)
+{
+    ferry_request_t req = {.opcode = opcode,
+                           .local = host,
+                           .target = self->segment,
+                           .target_offset = (uint64_t)(uintptr_t)device,
+                           .length = length};
+    ferry_status_t status = ferry_batch_submit(self->batch, &req, 1);
+    return status == FERRY_OK ? ferry_batch_wait(self->batch, -1) : status;
+}
+
+ferry_status_t ferry_bench_put(ferry_bench_self_t *self, const char *memory, void *dst,
+                               const void *src, size_t length)
+{
+    if (!ferry_bench_memory_is_device(memory)) {
+        memcpy(dst, src, length);
+        return FERRY_OK;
+    }
+    return self_copy(self, FERRY_OP_WRITE, (void *)src, dst, length);
+}
+
+ferry_status_t ferry_bench_get(ferry_bench_self_t *self, const char *memory, void *dst,
+                               const void *src, size_t length)
+{
+    if (!ferry_bench_memory_is_device(memory)) {
+        memcpy(dst, src, length);
+        return FERRY_OK;
+    }
+    return self_copy(self, FERRY_OP_READ, dst, src, length);
+}
+
+ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory, unsigned char *buffer,
+                                size_t length, unsigned char (*byte)(size_t index, void *arg),
+                                void *arg)
+{
+    if (!ferry_bench_memory_is_device(memory)) {
+        for (size_t i = 0; i < length; i++)
+            buffer[i] = byte(i, arg);
+        return FERRY_OK;
+    }
+    size_t chunk = length < STAGING_MAX ? length : STAGING_MAX;
+    unsigned char *staging = malloc(chunk);
+    if (staging == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = FERRY_OK;
+    for (size_t done = 0; done < length && status == FERRY_OK; done += chunk) {
+        size_t n = length - done < chunk ? length - done : chunk;
+        for (size_t i = 0; i < n; i++)
+            staging[i] = byte(done + i, arg);
+        status = self_copy(self, FERRY_OP_WRITE, staging, buffer + done, n);
+    }
+    free(staging);
+    return status;
+}
