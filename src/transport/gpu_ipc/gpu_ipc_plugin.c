@@ -219,7 +219,7 @@ static ferry_status_t gpu_ipc_mem_register(void *ctx, void *addr, size_t length,
                     ferry_status_string(status));
         return status;
     }
-    ferry_gpu_ipc_memh_t *memh = malloc(sizeof(*memh));
+    ferry_gpu_ipc_memh_t *memh = calloc(1, sizeof(*memh));
     if (memh == NULL)
         return FERRY_ERR_NO_MEMORY;
     memh->device = range.device;
