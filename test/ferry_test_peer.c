@@ -147,6 +147,15 @@ int main(int argc, char **argv)
         printf("FAILED netns %s: %s\n", netns, strerror(errno));
         return 1;
     }
+    /* A heap arena comes before the engine: where it lands then does not
+     * depend on what the engine's modules map (a GPU runtime looking for a
+     * device), so a restarted peer without address randomization has it
+     * where its predecessor had it (test_faults). */
+    const char *alloc = getenv("FERRY_TEST_PEER_ALLOC");
+    int allocated = alloc != NULL && *alloc != '\0';
+    unsigned char *arena = NULL;
+    if (!allocated && posix_memalign((void **)&arena, 4096, arena_size) != 0)
+        return 1;
     ferry_engine_h engine;
     ferry_status_t status = ferry_engine_create(NULL, &engine);
     if (status != FERRY_OK) {
@@ -156,9 +165,6 @@ int main(int argc, char **argv)
     /* FERRY_TEST_PEER_ALLOC=1 (or a location: "cxl"): the arena is one
      * ferry_alloc buffer ("cpu" for 1), registered whole (reg/unreg inside it
      * are refused as overlaps). */
-    const char *alloc = getenv("FERRY_TEST_PEER_ALLOC");
-    int allocated = alloc != NULL && *alloc != '\0';
-    unsigned char *arena = NULL;
     if (allocated) {
         const char *location = strcmp(alloc, "1") == 0 ? "cpu" : alloc;
         status = ferry_alloc(engine, arena_size, location, FERRY_REG_REMOTE, (void **)&arena);
@@ -166,8 +172,6 @@ int main(int argc, char **argv)
             printf("FAILED %s\n", ferry_status_string(status));
             return 1;
         }
-    } else if (posix_memalign((void **)&arena, 4096, arena_size) != 0) {
-        return 1;
     }
     /* The arena is written and read by the test's process one-sided (and by
      * our transports' threads serving it) while registered; the commands on

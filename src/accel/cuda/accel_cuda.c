@@ -139,10 +139,11 @@ static int resolve(void *library)
     return 0;
 }
 
+/* The library stays loaded: a driver that initialized part way keeps what
+ * it allocated in its own globals, and unloading it would strand that. */
 static ferry_status_t init_failed(void *library)
 {
-    if (library != NULL)
-        dlclose(library);
+    (void)library;
     memset(&ferry_cuda, 0, sizeof(ferry_cuda));
     return FERRY_ERR_UNSUPPORTED;
 }

@@ -180,7 +180,9 @@ static void hip_init_once(void)
     if (resolve(library) != 0 || !runtime_usable()) {
         memset(&hip, 0, sizeof(hip));
         hip_device_total = 0;
-        dlclose(library);
+        /* Not closed: a runtime that initialized part way keeps what it
+         * allocated in its own globals, and unloading it would strand
+         * that (LeakSanitizer reports it; the next open would not see it). */
         hip_init_status = FERRY_ERR_UNSUPPORTED;
         return;
     }
