@@ -71,8 +71,9 @@ static const ferry_setting_t engine_settings[] = {
             "only (tcp, shm, cxl, a UCX without GPU support) goes through host buffers of this "
             "size (requests are cut into slices of at most this)", stage_chunk,
             FERRY_SETTING_SIZE),
-    SETTING("STAGE_PINNED_MAX", "64m", "page-locked bytes the staging buffers may take in all; "
-            "past it they are pageable (slower copies)", stage_pinned_max, FERRY_SETTING_SIZE),
+    SETTING("STAGE_PINNED_MAX", "256m", "page-locked bytes the staging buffers may take in all "
+            "(made as needed, kept until the engine goes); past it they are pageable (slower "
+            "copies)", stage_pinned_max, FERRY_SETTING_SIZE),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
