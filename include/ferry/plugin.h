@@ -168,6 +168,10 @@ struct ferry_slice {
     void *local_memh;       /* this transport's handle for the local buffer, or NULL */
     ferry_slice_t *next;    /* owned by the transport between submit and done */
     void *owner;            /* engine private */
+    /* local is device memory, given only to a transport whose local_memory
+     * took it: never touched by the CPU (move it with the services'
+     * stage_in and stage_out, token NULL). */
+    int local_device;
 };
 
 typedef enum ferry_access {
@@ -197,10 +201,12 @@ typedef struct ferry_transport_services {
      * device memory, which the transport must not touch with the CPU (nor
      * hand to a system call) but move with stage_in and stage_out. */
     int (*access_is_device)(void *engine, void *token);
-    /* Target side, device memory: fill length bytes at dst (inside the
-     * token's range) from what fill writes into page-locked host buffers
-     * (a socket's payload), each buffer copied to the device while fill
-     * writes the next.  fill's failure ends it and is returned. */
+    /* Device memory: fill length bytes at dst from what fill writes into
+     * page-locked host buffers (a socket's payload), each buffer copied to
+     * the device while fill writes the next.  fill's failure ends it and
+     * is returned.  token: the target's access_acquire token of the range,
+     * or NULL (an initiator's slice with local_device: the pointer says
+     * whose memory it is). */
     ferry_status_t (*stage_in)(void *engine, void *token, void *dst, size_t length,
                                ferry_status_t (*fill)(void *arg, void *buffer, size_t length),
                                void *arg);

@@ -462,6 +462,7 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         slice->length = FERRY_MIN(slice_size, req->length - offset);
         slice->remote_key = key;
         slice->local_memh = memh;
+        slice->local_device = req->local_accel != NULL && !req->staged;
         slice->owner = req;
         slice->next = i + 1 < count ? &req->slices[i + 1] : NULL;
         if (req->staged)

@@ -158,15 +158,26 @@ typedef struct stage_run {
     int busy[2]; /* a copy into or out of chunk[i] is queued behind event[i] */
 } stage_run_t;
 
+/* token: the registry entry of the device range, or NULL: the vendor is
+ * the one whose memory device is. */
 static ferry_status_t run_open(ferry_engine_t *engine, const ferry_reg_entry_t *entry,
-                               stage_run_t *run)
+                               const void *device_memory, stage_run_t *run)
 {
     memset(run, 0, sizeof(*run));
     run->engine = engine;
-    run->vendor = entry->accel;
     ferry_accel_range_t range;
-    int device = run->vendor->pointer_query((void *)entry->addr, &range) == FERRY_OK
-                     ? range.device : 0;
+    if (entry != NULL) {
+        run->vendor = entry->accel;
+        device_memory = (const void *)entry->addr;
+    } else {
+        run->vendor = ferry_engine_accel_query(engine, device_memory, &range);
+    }
+    if (run->vendor == NULL) {
+        ferry_error("staging: %p is no accelerator's device memory", device_memory);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    int device = run->vendor->pointer_query(device_memory, &range) == FERRY_OK ? range.device
+                                                                             : 0;
     run->lane = lane_get(engine, run->vendor, device);
     run->chunk[0] = ferry_stage_get(engine, run->vendor);
     run->chunk[1] = ferry_stage_get(engine, run->vendor);
@@ -216,7 +227,7 @@ ferry_status_t ferry_engine_stage_in(void *arg, void *token, void *dst, size_t l
 {
     ferry_engine_t *engine = arg;
     stage_run_t run;
-    ferry_status_t status = run_open(engine, token, &run);
+    ferry_status_t status = run_open(engine, token, dst, &run);
     size_t chunk = engine->stage.chunk_size;
     for (size_t offset = 0, i = 0; status == FERRY_OK && offset < length; i ^= 1) {
         size_t n = FERRY_MIN(chunk, length - offset);
@@ -237,7 +248,7 @@ ferry_status_t ferry_engine_stage_out(void *arg, void *token, const void *src, s
 {
     ferry_engine_t *engine = arg;
     stage_run_t run;
-    ferry_status_t status = run_open(engine, token, &run);
+    ferry_status_t status = run_open(engine, token, src, &run);
     size_t chunk = engine->stage.chunk_size;
     size_t n = FERRY_MIN(chunk, length);
     if (status == FERRY_OK)

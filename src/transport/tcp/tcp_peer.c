@@ -274,6 +274,30 @@ static ferry_status_t conn_recv(ferry_tcp_conn_t *conn, unsigned char *buf, size
 
 /* ---------------- the connection threads ---------------- */
 
+/* Device memory (a slice with local_device): the payload goes through the
+ * engine's page-locked buffers, the device copy of one overlapping the
+ * socket's work on the other. */
+static ferry_status_t send_staged(void *arg, const void *buffer, size_t length)
+{
+    struct iovec iov = {(void *)buffer, length};
+    return conn_send(arg, &iov, 1);
+}
+
+static ferry_status_t send_device(ferry_tcp_conn_t *conn, ferry_slice_t *slice)
+{
+    ferry_tcp_t *tcp = conn->peer->tcp;
+    return tcp->svc.stage_out(tcp->svc.engine, NULL, slice->local, slice->length, send_staged,
+                              conn);
+}
+
+typedef struct staged_read {
+    ferry_tcp_conn_t *conn;
+    struct rx_buffer *rx;
+} staged_read_t;
+
+static ferry_status_t recv_device(ferry_tcp_conn_t *conn, struct rx_buffer *rx,
+                                  ferry_slice_t *slice);
+
 static void *sender_main(void *arg)
 {
     ferry_tcp_conn_t *conn = arg;
@@ -292,6 +316,7 @@ static void *sender_main(void *arg)
         atomic_store(&conn->last_activity_ms, ferry_time_ms());
         int n = 0, iovcnt = 0;
         size_t bytes = 0;
+        ferry_slice_t *staged = NULL;
         while (conn->queue_head != NULL && n < FERRY_TCP_SEND_BATCH &&
                (n == 0 || bytes < SEND_BATCH_BYTES)) {
             ferry_slice_t *slice = conn->queue_head;
@@ -309,6 +334,10 @@ static void *sender_main(void *arg)
             ferry_tcp_encode_request(headers[n], write ? FERRY_TCP_OP_WRITE : FERRY_TCP_OP_READ,
                                      conn->send_seq++, slice->remote_addr, slice->length);
             iov[iovcnt++] = (struct iovec){headers[n++], FERRY_TCP_REQUEST_SIZE};
+            if (write && slice->local_device) {
+                staged = slice; /* its payload follows this send, through host buffers */
+                break;
+            }
             if (write) {
                 iov[iovcnt++] = (struct iovec){slice->local, slice->length};
                 bytes += slice->length;
@@ -317,6 +346,9 @@ static void *sender_main(void *arg)
         pthread_mutex_unlock(&conn->lock);
 
         ferry_status_t status = conn_send(conn, iov, iovcnt);
+        if (status == FERRY_OK && staged != NULL)
+            status = send_device(conn, staged);
+        staged = NULL;
 
         pthread_mutex_lock(&conn->lock);
         conn->sent_seq = conn->send_seq;
@@ -349,10 +381,11 @@ static ferry_status_t map_remote_status(int32_t status)
     }
 }
 
-typedef struct rx_buffer {
+struct rx_buffer {
     size_t pos, len;
     unsigned char data[RX_BUFFER];
-} rx_buffer_t;
+};
+typedef struct rx_buffer rx_buffer_t;
 
 /* Until an error; *held_p: a READ slice taken off the FIFO whose data did
  * not all arrive (only this thread knows it). */
@@ -396,7 +429,13 @@ static ferry_status_t receive(ferry_tcp_conn_t *conn, rx_buffer_t *rx, ferry_sli
         }
         pthread_mutex_unlock(&conn->lock);
 
-        if (slice->opcode == FERRY_OP_READ && status == FERRY_OK) {
+        if (slice->opcode == FERRY_OP_READ && status == FERRY_OK && slice->local_device) {
+            ferry_status_t data_status = recv_device(conn, rx, slice);
+            if (data_status != FERRY_OK) {
+                *held_p = slice;
+                return data_status;
+            }
+        } else if (slice->opcode == FERRY_OP_READ && status == FERRY_OK) {
             /* straight into the caller's buffer, but for what rx already holds */
             size_t copied = FERRY_MIN(rx->len - rx->pos, slice->length), got;
             memcpy(slice->local, rx->data + rx->pos, copied);
@@ -412,6 +451,30 @@ static ferry_status_t receive(ferry_tcp_conn_t *conn, rx_buffer_t *rx, ferry_sli
         }
         finish(conn, slice, status);
     }
+}
+
+/* A host buffer of a READ into device memory: first what rx already
+ * holds, then the socket. */
+static ferry_status_t recv_staged(void *arg, void *buffer, size_t length)
+{
+    staged_read_t *in = arg;
+    struct rx_buffer *rx = in->rx;
+    size_t copied = FERRY_MIN(rx->len - rx->pos, length), got;
+    memcpy(buffer, rx->data + rx->pos, copied);
+    rx->pos += copied;
+    size_t rest = length - copied;
+    return rest ? conn_recv(in->conn, (unsigned char *)buffer + copied, rest, rest, &got, 0)
+                : FERRY_OK;
+}
+
+/* A failure here leaves the stream mid-payload: the connection fails. */
+static ferry_status_t recv_device(ferry_tcp_conn_t *conn, struct rx_buffer *rx,
+                                  ferry_slice_t *slice)
+{
+    ferry_tcp_t *tcp = conn->peer->tcp;
+    staged_read_t in = {conn, rx};
+    return tcp->svc.stage_in(tcp->svc.engine, NULL, slice->local, slice->length, recv_staged,
+                             &in);
 }
 
 static void *receiver_main(void *arg)

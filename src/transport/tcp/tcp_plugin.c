@@ -206,6 +206,17 @@ static void tcp_mem_deregister(void *ctx, void *memh)
 {
 }
 
+/* Any memory the engine knows: device memory (an accelerator's that is
+ * usable, the only kind the engine asks about) moves through the engine's
+ * staging buffers on the connection's own threads (slice->local_device),
+ * pipelined with the socket. */
+static int tcp_local_memory(void *ctx, const char *location)
+{
+    (void)ctx;
+    (void)location;
+    return 1;
+}
+
 static int tcp_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key)
 {
     return peer != NULL && peer->endpoint != NULL && *peer->endpoint != '\0';
@@ -233,6 +244,7 @@ static const ferry_transport_ops_t tcp_ops = {
     .peer_forget = ferry_tcp_peer_forget,
     .slice_size = tcp_slice_size,
     .stop = tcp_stop,
+    .local_memory = tcp_local_memory,
 };
 
 static const ferry_plugin_t tcp_plugin = {
