@@ -203,6 +203,8 @@ static ferry_status_t open_legacy(const char *hex, int device, cuda_opened_t *o)
     CUresult result = ferry_cuda.cuIpcOpenMemHandle(&ptr, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (result == CUDA_SUCCESS) {
         result = ferry_cuda.cuMemGetAddressRange(&base, &size, ptr);
+        if (result == CUDA_SUCCESS && (ptr < base || ptr - base >= size))
+            result = CUDA_ERROR_INVALID_VALUE;
         if (result != CUDA_SUCCESS) {
             ferry_cuda_failed("cuMemGetAddressRange of an opened handle", result);
             ferry_cuda.cuIpcCloseMemHandle(ptr);
@@ -217,7 +219,10 @@ static ferry_status_t open_legacy(const char *hex, int device, cuda_opened_t *o)
         ferry_warn("cuda: cannot open a peer's IPC handle: %d", (int)result);
         return FERRY_ERR_STALE;
     }
-    *o = (cuda_opened_t){.vmm = 0, .ptr = base, .length = size, .device = device};
+    /* ptr is where the exported base (the peer's range base) is mapped, and
+     * what cuIpcCloseMemHandle takes back; the mapping may start before it. */
+    *o = (cuda_opened_t){
+        .vmm = 0, .ptr = ptr, .length = size - (size_t)(ptr - base), .device = device};
     return FERRY_OK;
 }
 
