@@ -183,9 +183,17 @@ ferry_status_t ferry_cuda_ipc_export(const ferry_accel_range_t *range, char *han
 {
     if (!ferry_cuda_ready() || range == NULL || handle == NULL || range->base == 0)
         return FERRY_ERR_INVALID_PARAM;
+    /* The attribute queries and the VMM calls (retain, properties, export)
+     * run with the device's context current, as the legacy export does. */
+    ferry_status_t status = ferry_cuda_enter(range->device);
+    if (status != FERRY_OK)
+        return status;
     if (legacy_capable(range->base))
-        return export_legacy(range, handle, length);
-    return export_vmm(range, handle, length);
+        status = export_legacy(range, handle, length);
+    else
+        status = export_vmm(range, handle, length);
+    ferry_cuda_leave();
+    return status;
 }
 
 /* ---- open ---- */
