@@ -582,6 +582,11 @@ static ferry_status_t cuda_copy(void *dst, const void *src, size_t length)
         return status;
     CUresult result =
         ferry_cuda.cuMemcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, length);
+    /* cuMemcpy returns before a device-to-device copy is done, and before a
+     * copy from pageable host memory has left its staging buffer ("API
+     * synchronization behavior"): wait for the legacy stream it ran on. */
+    if (result == CUDA_SUCCESS)
+        result = ferry_cuda.cuStreamSynchronize(CU_STREAM_LEGACY);
     ferry_cuda_leave();
     return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuMemcpy", result);
 }
