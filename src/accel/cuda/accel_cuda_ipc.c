@@ -128,8 +128,11 @@ static ferry_status_t vmm_export_fd(uintptr_t base, int *fd_p)
 {
     CUmemGenericAllocationHandle allocation;
     CUresult result = ferry_cuda.cuMemRetainAllocationHandle(&allocation, (void *)base);
-    if (result != CUDA_SUCCESS)
-        return ferry_cuda_failed("cuMemRetainAllocationHandle", result);
+    if (result != CUDA_SUCCESS) {
+        ferry_debug("cuda: %#" PRIxPTR " is no VMM allocation (cuMemRetainAllocationHandle: %d)",
+                    base, (int)result);
+        return FERRY_ERR_NOT_FOUND; /* the caller tries a legacy handle */
+    }
     ferry_status_t status = FERRY_OK;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -188,10 +191,16 @@ ferry_status_t ferry_cuda_ipc_export(const ferry_accel_range_t *range, char *han
     ferry_status_t status = ferry_cuda_enter(range->device);
     if (status != FERRY_OK)
         return status;
-    if (legacy_capable(range->base))
+    if (legacy_capable(range->base)) {
         status = export_legacy(range, handle, length);
-    else
+    } else {
         status = export_vmm(range, handle, length);
+        /* Not VMM memory after all: the attribute has been seen to say 0 for
+         * cuMemAlloc memory (UCX's cuda_copy works around that); let
+         * cuIpcGetMemHandle decide. */
+        if (status == FERRY_ERR_NOT_FOUND)
+            status = export_legacy(range, handle, length);
+    }
     ferry_cuda_leave();
     return status;
 }
