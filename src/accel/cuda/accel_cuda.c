@@ -286,7 +286,7 @@ static ferry_status_t cuda_pointer_query(const void *ptr, ferry_accel_range_t *r
     if (!ferry_cuda_ready() || ptr == NULL)
         return FERRY_ERR_NOT_FOUND;
     /* cuPointerGetAttributes answers CUDA_SUCCESS with zeros for memory the
-     * driver does not know, and needs no current context. */
+     * driver does not know, and needs no current context (UVA). */
     CUpointer_attribute attributes[] = {
         CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         CU_POINTER_ATTRIBUTE_BUFFER_ID,   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
@@ -307,11 +307,24 @@ static ferry_status_t cuda_pointer_query(const void *ptr, ferry_accel_range_t *r
     if (result != CUDA_SUCCESS || memory_type != CU_MEMORYTYPE_DEVICE || managed != 0 ||
         ordinal < 0 || ordinal >= ferry_cuda_device_total)
         return FERRY_ERR_NOT_FOUND;
-    if (start == 0 || size == 0) {
-        result = ferry_cuda.cuMemGetAddressRange(&start, &size, (CUdeviceptr)(uintptr_t)ptr);
-        if (result != CUDA_SUCCESS)
-            return FERRY_ERR_NOT_FOUND;
+    /* RANGE_START_ADDR/RANGE_SIZE are the mappable address range: for VMM
+     * memory the whole cuMemAddressReserve reservation, which may be larger
+     * than (and start before) the allocation mapped at ptr.  The allocation
+     * is what cuMemGetAddressRange answers (the mapped region; the cuMemAlloc
+     * block), which needs a current context: the device's primary. */
+    CUdeviceptr mapped_start = 0;
+    size_t mapped_size = 0;
+    if (ferry_cuda_enter(ordinal) == FERRY_OK) {
+        result = ferry_cuda.cuMemGetAddressRange(&mapped_start, &mapped_size,
+                                                 (CUdeviceptr)(uintptr_t)ptr);
+        ferry_cuda_leave();
+        if (result == CUDA_SUCCESS && mapped_size > 0) {
+            start = mapped_start;
+            size = mapped_size;
+        }
     }
+    if (start == 0 || size == 0)
+        return FERRY_ERR_NOT_FOUND;
     if (range_p != NULL)
         *range_p = (ferry_accel_range_t){(uintptr_t)start, size, ordinal, buffer_id};
     return FERRY_OK;
@@ -569,6 +582,11 @@ static ferry_status_t cuda_copy(void *dst, const void *src, size_t length)
         return status;
     CUresult result =
         ferry_cuda.cuMemcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, length);
+    /* cuMemcpy returns before a device-to-device copy is done, and before a
+     * copy from pageable host memory has left its staging buffer ("API
+     * synchronization behavior"): wait for the legacy stream it ran on. */
+    if (result == CUDA_SUCCESS)
+        result = ferry_cuda.cuStreamSynchronize(CU_STREAM_LEGACY);
     ferry_cuda_leave();
     return result == CUDA_SUCCESS ? FERRY_OK : ferry_cuda_failed("cuMemcpy", result);
 }

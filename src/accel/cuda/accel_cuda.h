@@ -84,6 +84,7 @@
     X(cuMemSetAccess)                                                                              \
     X(cuStreamCreate)                                                                              \
     X(cuStreamDestroy)                                                                             \
+    X(cuStreamSynchronize)                                                                         \
     X(cuMemcpy)                                                                                    \
     X(cuMemcpyAsync)                                                                               \
     X(cuEventCreate)                                                                               \

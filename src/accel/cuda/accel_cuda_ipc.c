@@ -128,8 +128,11 @@ static ferry_status_t vmm_export_fd(uintptr_t base, int *fd_p)
 {
     CUmemGenericAllocationHandle allocation;
     CUresult result = ferry_cuda.cuMemRetainAllocationHandle(&allocation, (void *)base);
-    if (result != CUDA_SUCCESS)
-        return ferry_cuda_failed("cuMemRetainAllocationHandle", result);
+    if (result != CUDA_SUCCESS) {
+        ferry_debug("cuda: %#" PRIxPTR " is no VMM allocation (cuMemRetainAllocationHandle: %d)",
+                    base, (int)result);
+        return FERRY_ERR_NOT_FOUND; /* the caller tries a legacy handle */
+    }
     ferry_status_t status = FERRY_OK;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -183,9 +186,23 @@ ferry_status_t ferry_cuda_ipc_export(const ferry_accel_range_t *range, char *han
 {
     if (!ferry_cuda_ready() || range == NULL || handle == NULL || range->base == 0)
         return FERRY_ERR_INVALID_PARAM;
-    if (legacy_capable(range->base))
-        return export_legacy(range, handle, length);
-    return export_vmm(range, handle, length);
+    /* The attribute queries and the VMM calls (retain, properties, export)
+     * run with the device's context current, as the legacy export does. */
+    ferry_status_t status = ferry_cuda_enter(range->device);
+    if (status != FERRY_OK)
+        return status;
+    if (legacy_capable(range->base)) {
+        status = export_legacy(range, handle, length);
+    } else {
+        status = export_vmm(range, handle, length);
+        /* Not VMM memory after all: the attribute has been seen to say 0 for
+         * cuMemAlloc memory (UCX's cuda_copy works around that); let
+         * cuIpcGetMemHandle decide. */
+        if (status == FERRY_ERR_NOT_FOUND)
+            status = export_legacy(range, handle, length);
+    }
+    ferry_cuda_leave();
+    return status;
 }
 
 /* ---- open ---- */
@@ -203,6 +220,8 @@ static ferry_status_t open_legacy(const char *hex, int device, cuda_opened_t *o)
     CUresult result = ferry_cuda.cuIpcOpenMemHandle(&ptr, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (result == CUDA_SUCCESS) {
         result = ferry_cuda.cuMemGetAddressRange(&base, &size, ptr);
+        if (result == CUDA_SUCCESS && (ptr < base || ptr - base >= size))
+            result = CUDA_ERROR_INVALID_VALUE;
         if (result != CUDA_SUCCESS) {
             ferry_cuda_failed("cuMemGetAddressRange of an opened handle", result);
             ferry_cuda.cuIpcCloseMemHandle(ptr);
@@ -217,7 +236,10 @@ static ferry_status_t open_legacy(const char *hex, int device, cuda_opened_t *o)
         ferry_warn("cuda: cannot open a peer's IPC handle: %d", (int)result);
         return FERRY_ERR_STALE;
     }
-    *o = (cuda_opened_t){.vmm = 0, .ptr = base, .length = size, .device = device};
+    /* ptr is where the exported base (the peer's range base) is mapped, and
+     * what cuIpcCloseMemHandle takes back; the mapping may start before it. */
+    *o = (cuda_opened_t){
+        .vmm = 0, .ptr = ptr, .length = size - (size_t)(ptr - base), .device = device};
     return FERRY_OK;
 }
 
