@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <ferry/ferry.h>
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -159,7 +160,15 @@ static ferry_segment_h segment;
 
 /* The peer's arena is device memory (remote_device) or host memory;
  * transports: both engines'. */
+static void start_pair_at(const char *arena_location, const char *transports);
+
 static void start_pair(int remote_device, const char *transports)
+{
+    find_vendor();
+    start_pair_at(remote_device ? device0 : "1", transports);
+}
+
+static void start_pair_at(const char *arena_location, const char *transports)
 {
     find_vendor();
     setenv("FERRY_TRANSPORTS", transports, 1);
@@ -168,7 +177,7 @@ static void start_pair(int remote_device, const char *transports)
     setenv("FERRY_STAGE_CHUNK", "256k", 1);
     setenv("FERRY_STAGE_PINNED_MAX", "512k", 1);
     char alloc[96];
-    snprintf(alloc, sizeof(alloc), "FERRY_TEST_PEER_ALLOC=%s", remote_device ? device0 : "1");
+    snprintf(alloc, sizeof(alloc), "FERRY_TEST_PEER_ALLOC=%s", arena_location);
     const char *env[] = {alloc, NULL};
     cr_assert_eq(peer_start(&peer, env), 0, "test peer did not start");
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
@@ -186,6 +195,9 @@ static void stop_pair(void)
     unsetenv("FERRY_TRANSPORTS");
     unsetenv("FERRY_STAGE_CHUNK");
     unsetenv("FERRY_STAGE_PINNED_MAX");
+    if (getenv("FERRY_CXL_PATH") != NULL)
+        unlink(getenv("FERRY_CXL_PATH"));
+    unsetenv("FERRY_CXL_PATH");
 }
 
 /* Write the pattern from buf (local, host or device) into the peer's
@@ -288,4 +300,23 @@ Test(gpu_staging, ucx_without_device_support_declines_device_memory)
                                        sizeof(buf), "tcp"),
                  FERRY_OK);
     cr_assert_str_eq(peer_cmd(&peer, "check 0 4096 4"), "OK");
+}
+
+/* cxl copies with the CPU into the shared window: a local device buffer is
+ * staged by the engine, the peer's arena is in the window. */
+Test(gpu_staging, local_device_memory_over_cxl)
+{
+    find_vendor();
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm/ferry-test-gpu-cxl-%d", (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0, "%s", path);
+    cr_assert_eq(ftruncate(fd, (off_t)256 * MIB), 0);
+    close(fd);
+    setenv("FERRY_CXL_PATH", path, 1);
+    start_pair_at("cxl", "cxl");
+    void *buf = local_buffer(1, 5 * MIB);
+    for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++)
+        write_read(buf, 1, 4096 * i + 1, lengths[i], "cxl", (unsigned)i + 40);
+    cr_assert_eq(ferry_free(engine, buf), FERRY_OK);
 }
