@@ -2,6 +2,8 @@
 #include <criterion/criterion.h>
 #include <ferry/ferry.h>
 
+#include "../src/core/core.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,4 +209,88 @@ Test(registry, many_ranges)
     for (int i = N - 1; i >= 0; i -= 2)
         cr_assert_eq(ferry_unregister(engine, arena + (size_t)i * 200), FERRY_OK);
     cr_assert_eq(published_buffers(), N / 2);
+}
+
+/* The ordered set itself, against a plain array: 4,000 slots of which a
+ * random half is registered and unregistered in random order, over and
+ * over; after each step every lookup, overlap check and the in-order walk
+ * agree with the array. */
+#define SLOTS 4000
+#define SLOT_BYTES 64
+
+static int in_order_and_counted(ferry_registry_t *r, const int *present)
+{
+    ferry_registry_iter_t it;
+    ferry_registry_iter_init(&it, r);
+    size_t seen = 0, want = 0;
+    uintptr_t last = 0;
+    for (ferry_reg_entry_t *e; (e = ferry_registry_iter_next(&it)) != NULL; seen++) {
+        if (seen > 0 && e->addr <= last)
+            return 0;
+        last = e->addr;
+        if (!present[(e->addr - 0x10000) / SLOT_BYTES])
+            return 0;
+    }
+    for (size_t i = 0; i < SLOTS; i++)
+        want += present[i] != 0;
+    /* balanced: an AVL tree of n entries is at most 1.45 log2(n + 2) high */
+    int bound = 1;
+    for (size_t n = want + 2; n > 1; n >>= 1)
+        bound++;
+    int high = r->root ? r->root->tree_height : 0;
+    return seen == want && r->count == want && high <= bound * 145 / 100 + 1;
+}
+
+Test(registry_tree, random_inserts_and_removes_agree_with_an_array)
+{
+    ferry_registry_t r;
+    ferry_registry_init(&r);
+    static ferry_reg_entry_t *slot[SLOTS];
+    static int present[SLOTS];
+    memset(slot, 0, sizeof(slot));
+    memset(present, 0, sizeof(present));
+    srand(18);
+    for (int step = 0; step < 40000; step++) {
+        size_t i = (size_t)rand() % SLOTS;
+        uintptr_t addr = 0x10000 + i * SLOT_BYTES;
+        if (!present[i]) {
+            ferry_reg_entry_t *found = NULL;
+            /* half a slot, so neighbours never touch */
+            cr_assert_eq(ferry_registry_check(&r, addr, SLOT_BYTES / 2, &found), FERRY_OK);
+            cr_assert_null(found);
+            slot[i] = ferry_reg_entry_new(addr, SLOT_BYTES / 2, "cpu", FERRY_REG_REMOTE);
+            cr_assert_eq(ferry_registry_insert(&r, slot[i]), FERRY_OK);
+            present[i] = 1;
+        } else {
+            ferry_registry_remove(&r, slot[i]);
+            ferry_reg_entry_free(slot[i]);
+            slot[i] = NULL;
+            present[i] = 0;
+        }
+        size_t j = (size_t)rand() % SLOTS;
+        uintptr_t probe = 0x10000 + j * SLOT_BYTES;
+        ferry_reg_entry_t *held = ferry_registry_acquire(&r, probe + 1, 8, 0);
+        cr_assert_eq(held != NULL, present[j] != 0, "step %d slot %zu", step, j);
+        if (held) {
+            cr_assert_eq(held, slot[j]);
+            ferry_registry_release(&r, held);
+        }
+        cr_assert_eq(ferry_registry_find_start(&r, probe), present[j] ? slot[j] : NULL);
+        ferry_reg_entry_t *same = NULL;
+        ferry_status_t overlap = ferry_registry_check(&r, probe + 8, SLOT_BYTES, &same);
+        int next_present = j + 1 < SLOTS && present[j + 1];
+        cr_assert_eq(overlap == FERRY_ERR_OVERLAP, present[j] || next_present,
+                     "step %d slot %zu", step, j);
+        if (step % 997 == 0)
+            cr_assert(in_order_and_counted(&r, present), "step %d", step);
+    }
+    cr_assert(in_order_and_counted(&r, present));
+    for (size_t i = 0; i < SLOTS; i++) {
+        if (present[i]) {
+            ferry_registry_remove(&r, slot[i]);
+            ferry_reg_entry_free(slot[i]);
+        }
+    }
+    cr_assert_null(r.root);
+    ferry_registry_fini(&r);
 }

@@ -53,6 +53,10 @@ typedef struct ferry_reg_entry {
     /* Device memory: its vendor (set at registration, from the location
      * agreed with the pointer); NULL for host memory. */
     const ferry_accel_ops_t *accel;
+    /* The registry's tree (its lock): children (0 left, 1 right) and the
+     * subtree's height. */
+    struct ferry_reg_entry *tree_child[2];
+    int tree_height;
 } ferry_reg_entry_t;
 #define FERRY_ALLOC_HEAP (-1)
 #define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
@@ -69,16 +73,16 @@ static inline int ferry_reg_entry_hold(ferry_reg_entry_t *entry)
 }
 
 /*
- * Entries sorted by address.  `lock` (rwlock) protects entries/count:
- * lookups read-lock it briefly, insert and remove write-lock it.
+ * Entries ordered by address (an AVL tree through the entries).  `lock`
+ * (rwlock) protects root, count and the entries' tree fields: lookups
+ * read-lock it briefly, insert and remove write-lock it.
  * Register and unregister are serialized by the engine's registration mutex,
  * so transports register outside `lock`.
  */
 typedef struct ferry_registry {
     pthread_rwlock_t lock;
-    ferry_reg_entry_t **entries;
+    ferry_reg_entry_t *root;
     size_t count;
-    size_t capacity;
     pthread_mutex_t drain_lock; /* with `drained`: waits for an entry's holds to end */
     pthread_cond_t drained;
 } ferry_registry_t;
@@ -100,6 +104,14 @@ void ferry_registry_drain(ferry_registry_t *registry, ferry_reg_entry_t *entry);
 ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t addr,
                                           size_t length, unsigned need);
 void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* In address order; the caller holds the lock (read) throughout.  The
+ * stack bounds an AVL tree's height for any count that fits in memory. */
+typedef struct ferry_registry_iter {
+    ferry_reg_entry_t *stack[96];
+    int depth;
+} ferry_registry_iter_t;
+void ferry_registry_iter_init(ferry_registry_iter_t *it, const ferry_registry_t *registry);
+ferry_reg_entry_t *ferry_registry_iter_next(ferry_registry_iter_t *it);
 ferry_reg_entry_t *ferry_reg_entry_new(uintptr_t addr, size_t length, const char *location,
                                        unsigned flags);
 void ferry_reg_entry_free(ferry_reg_entry_t *entry);

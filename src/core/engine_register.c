@@ -466,8 +466,9 @@ static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_
     pthread_rwlock_rdlock(&registry->lock);
     desc->buffers = calloc(registry->count + 1, sizeof(*desc->buffers));
     int complete = desc->buffers != NULL;
-    for (size_t i = 0; complete && i < registry->count; i++) {
-        const ferry_reg_entry_t *entry = registry->entries[i];
+    ferry_registry_iter_t it;
+    ferry_registry_iter_init(&it, registry);
+    for (const ferry_reg_entry_t *entry; complete && (entry = ferry_registry_iter_next(&it));) {
         if (entry->epoch > engine->published_epoch)
             continue; /* registered with FERRY_REG_DEFER_PUBLISH, not published yet */
         ferry_desc_buffer_t *buffer = &desc->buffers[desc->n_buffers++];
@@ -624,9 +625,9 @@ void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc)
 void ferry_engine_deregister_all(ferry_engine_t *engine)
 {
     ferry_registry_t *registry = &engine->registry;
-    /* Newest last: removing the last entry moves nothing. */
-    while (registry->count > 0) {
-        ferry_reg_entry_t *entry = registry->entries[registry->count - 1];
+    /* Nothing registers any more: the root, each time, is as good as any. */
+    while (registry->root != NULL) {
+        ferry_reg_entry_t *entry = registry->root;
         ferry_registry_remove(registry, entry);
         ferry_registry_drain(registry, entry);
         transports_deregister(engine, entry);

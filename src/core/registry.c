@@ -1,6 +1,6 @@
 /*
- * The registry: this engine's registered ranges, sorted by address so that
- * every lookup is a binary search.  Transfers hold an entry through
+ * The registry: this engine's registered ranges, ordered by address in a
+ * balanced tree, so that lookup, insert and remove are O(log n).  Transfers hold an entry through
  * `holds`; unregister first removes the entry from the ordered set and marks
  * it dying (no new transfer can find or hold it), then waits for the holds
  * to drop to zero, then frees it.  The dying mark and the count share one
@@ -23,7 +23,6 @@ void ferry_registry_init(ferry_registry_t *registry)
 
 void ferry_registry_fini(ferry_registry_t *registry)
 {
-    free(registry->entries);
     pthread_rwlock_destroy(&registry->lock);
     pthread_mutex_destroy(&registry->drain_lock);
     pthread_cond_destroy(&registry->drained);
@@ -58,20 +57,144 @@ void ferry_reg_entry_free(ferry_reg_entry_t *entry)
     free(entry);
 }
 
-/* Index of the last entry whose addr <= addr, or -1. Caller holds the lock. */
-static ptrdiff_t floor_index(const ferry_registry_t *registry, uintptr_t addr)
+/* ---- the ordered set: an AVL tree threaded through the entries (their
+ * tree_* fields), keyed by start address; ranges never overlap, so starts
+ * are unique.  Every operation walks one root-to-leaf path: O(log n). ---- */
+
+static int height(const ferry_reg_entry_t *node)
 {
-    ptrdiff_t low = 0, high = (ptrdiff_t)registry->count - 1, found = -1;
-    while (low <= high) {
-        ptrdiff_t mid = low + (high - low) / 2;
-        if (registry->entries[mid]->addr <= addr) {
-            found = mid;
-            low = mid + 1;
+    return node ? node->tree_height : 0;
+}
+
+static void update(ferry_reg_entry_t *node)
+{
+    int left = height(node->tree_child[0]), right = height(node->tree_child[1]);
+    node->tree_height = 1 + (left > right ? left : right);
+}
+
+/* The child on side `up` (0 left, 1 right) takes node's place, node goes
+ * down on the other side; returns the subtree's new root. */
+static ferry_reg_entry_t *rotate(ferry_reg_entry_t *node, int up)
+{
+    ferry_reg_entry_t *child = node->tree_child[up];
+    node->tree_child[up] = child->tree_child[!up];
+    child->tree_child[!up] = node;
+    update(node);
+    update(child);
+    return child;
+}
+
+/* The subtree rooted at node, its heights differing by at most one again. */
+static ferry_reg_entry_t *balance(ferry_reg_entry_t *node)
+{
+    update(node);
+    int tilt = height(node->tree_child[0]) - height(node->tree_child[1]);
+    if (tilt >= -1 && tilt <= 1)
+        return node;
+    int heavy = tilt < 0;
+    ferry_reg_entry_t *child = node->tree_child[heavy];
+    if (height(child->tree_child[heavy]) < height(child->tree_child[!heavy]))
+        node->tree_child[heavy] = rotate(child, !heavy); /* the inner grandchild first */
+    return rotate(node, heavy);
+}
+
+static ferry_reg_entry_t *tree_insert(ferry_reg_entry_t *root, ferry_reg_entry_t *entry)
+{
+    if (root == NULL) {
+        entry->tree_child[0] = entry->tree_child[1] = NULL;
+        entry->tree_height = 1;
+        return entry;
+    }
+    if (entry->addr < root->addr)
+        root->tree_child[0] = tree_insert(root->tree_child[0], entry);
+    else
+        root->tree_child[1] = tree_insert(root->tree_child[1], entry);
+    return balance(root);
+}
+
+/* Detach the subtree's leftmost entry (*min_p); returns what is left. */
+static ferry_reg_entry_t *tree_remove_min(ferry_reg_entry_t *root, ferry_reg_entry_t **min_p)
+{
+    if (root->tree_child[0] == NULL) {
+        *min_p = root;
+        return root->tree_child[1];
+    }
+    root->tree_child[0] = tree_remove_min(root->tree_child[0], min_p);
+    return balance(root);
+}
+
+static ferry_reg_entry_t *tree_remove(ferry_reg_entry_t *root, ferry_reg_entry_t *entry,
+                                      int *found_p)
+{
+    if (root == NULL)
+        return NULL;
+    if (entry->addr < root->addr) {
+        root->tree_child[0] = tree_remove(root->tree_child[0], entry, found_p);
+    } else if (entry->addr > root->addr) {
+        root->tree_child[1] = tree_remove(root->tree_child[1], entry, found_p);
+    } else if (root == entry) {
+        *found_p = 1;
+        if (root->tree_child[1] == NULL)
+            return root->tree_child[0];
+        /* Its successor takes its place (the entries are the nodes). */
+        ferry_reg_entry_t *successor;
+        ferry_reg_entry_t *right = tree_remove_min(root->tree_child[1], &successor);
+        successor->tree_child[0] = root->tree_child[0];
+        successor->tree_child[1] = right;
+        return balance(successor);
+    }
+    return balance(root);
+}
+
+/* The last entry starting at or before addr, or NULL. */
+static ferry_reg_entry_t *floor_entry(const ferry_registry_t *registry, uintptr_t addr)
+{
+    ferry_reg_entry_t *found = NULL;
+    for (ferry_reg_entry_t *node = registry->root; node != NULL;) {
+        if (node->addr <= addr) {
+            found = node;
+            node = node->tree_child[1];
         } else {
-            high = mid - 1;
+            node = node->tree_child[0];
         }
     }
     return found;
+}
+
+/* The first entry starting after addr, or NULL. */
+static ferry_reg_entry_t *higher_entry(const ferry_registry_t *registry, uintptr_t addr)
+{
+    ferry_reg_entry_t *found = NULL;
+    for (ferry_reg_entry_t *node = registry->root; node != NULL;) {
+        if (node->addr > addr) {
+            found = node;
+            node = node->tree_child[0];
+        } else {
+            node = node->tree_child[1];
+        }
+    }
+    return found;
+}
+
+static void iter_push_left(ferry_registry_iter_t *it, ferry_reg_entry_t *node)
+{
+    for (; node != NULL; node = node->tree_child[0])
+        it->stack[it->depth++] = node;
+}
+
+void ferry_registry_iter_init(ferry_registry_iter_t *it, const ferry_registry_t *registry)
+{
+    it->depth = 0;
+    iter_push_left(it, registry->root);
+}
+
+ferry_reg_entry_t *ferry_registry_iter_next(ferry_registry_iter_t *it)
+{
+    if (it->depth == 0)
+        return NULL;
+    ferry_reg_entry_t *node = it->stack[--it->depth];
+    iter_push_left(it, node->tree_child[1]);
+    return node;
 }
 
 static int overlaps(const ferry_reg_entry_t *entry, uintptr_t addr, size_t length)
@@ -85,19 +208,14 @@ ferry_status_t ferry_registry_check(ferry_registry_t *registry, uintptr_t addr, 
     ferry_status_t status = FERRY_OK;
     *entry_p = NULL;
     pthread_rwlock_rdlock(&registry->lock);
-    ptrdiff_t index = floor_index(registry, addr);
-    /* Only the floor entry and its successor can overlap a new range. */
-    for (ptrdiff_t i = index < 0 ? 0 : index; i <= index + 1 && i < (ptrdiff_t)registry->count;
-         i++) {
-        ferry_reg_entry_t *entry = registry->entries[i];
-        if (entry->addr == addr && entry->length == length) {
+    /* Only the floor entry and the next one can overlap a new range. */
+    ferry_reg_entry_t *near[2] = {floor_entry(registry, addr), higher_entry(registry, addr)};
+    for (size_t i = 0; i < 2 && status == FERRY_OK && *entry_p == NULL; i++) {
+        ferry_reg_entry_t *entry = near[i];
+        if (entry != NULL && entry->addr == addr && entry->length == length)
             *entry_p = entry;
-            break;
-        }
-        if (overlaps(entry, addr, length)) {
+        else if (entry != NULL && overlaps(entry, addr, length))
             status = FERRY_ERR_OVERLAP;
-            break;
-        }
     }
     pthread_rwlock_unlock(&registry->lock);
     return status;
@@ -105,34 +223,19 @@ ferry_status_t ferry_registry_check(ferry_registry_t *registry, uintptr_t addr, 
 
 ferry_status_t ferry_registry_insert(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 {
-    ferry_status_t status = FERRY_OK;
     pthread_rwlock_wrlock(&registry->lock);
-    if (registry->count == registry->capacity) {
-        size_t capacity = registry->capacity ? registry->capacity * 2 : 64;
-        ferry_reg_entry_t **entries = realloc(registry->entries, capacity * sizeof(*entries));
-        if (entries == NULL) {
-            status = FERRY_ERR_NO_MEMORY;
-            goto out_unlock;
-        }
-        registry->entries = entries;
-        registry->capacity = capacity;
-    }
-    size_t at = (size_t)(floor_index(registry, entry->addr) + 1);
-    memmove(&registry->entries[at + 1], &registry->entries[at],
-            (registry->count - at) * sizeof(*registry->entries));
-    registry->entries[at] = entry;
+    registry->root = tree_insert(registry->root, entry);
     registry->count++;
-out_unlock:
     pthread_rwlock_unlock(&registry->lock);
-    return status;
+    return FERRY_OK;
 }
 
 ferry_reg_entry_t *ferry_registry_find_start(ferry_registry_t *registry, uintptr_t addr)
 {
     pthread_rwlock_rdlock(&registry->lock);
-    ptrdiff_t index = floor_index(registry, addr);
-    ferry_reg_entry_t *entry =
-        (index >= 0 && registry->entries[index]->addr == addr) ? registry->entries[index] : NULL;
+    ferry_reg_entry_t *entry = floor_entry(registry, addr);
+    if (entry != NULL && entry->addr != addr)
+        entry = NULL;
     pthread_rwlock_unlock(&registry->lock);
     return entry;
 }
@@ -141,12 +244,9 @@ void ferry_registry_remove(ferry_registry_t *registry, ferry_reg_entry_t *entry)
 {
     pthread_rwlock_wrlock(&registry->lock);
     atomic_fetch_or(&entry->holds, FERRY_REG_DYING);
-    ptrdiff_t index = floor_index(registry, entry->addr);
-    if (index >= 0 && registry->entries[index] == entry) {
-        memmove(&registry->entries[index], &registry->entries[index + 1],
-                (registry->count - (size_t)index - 1) * sizeof(*registry->entries));
-        registry->count--;
-    }
+    int found = 0;
+    registry->root = tree_remove(registry->root, entry, &found);
+    registry->count -= (size_t)found;
     pthread_rwlock_unlock(&registry->lock);
 }
 
@@ -165,13 +265,10 @@ ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t 
     if (length == 0 || addr + length < addr)
         return NULL;
     pthread_rwlock_rdlock(&registry->lock);
-    ptrdiff_t index = floor_index(registry, addr);
-    if (index >= 0) {
-        ferry_reg_entry_t *candidate = registry->entries[index];
-        if (addr + length <= candidate->addr + candidate->length &&
-            (candidate->flags & need) == need && ferry_reg_entry_hold(candidate))
-            entry = candidate;
-    }
+    ferry_reg_entry_t *candidate = floor_entry(registry, addr);
+    if (candidate != NULL && addr + length <= candidate->addr + candidate->length &&
+        (candidate->flags & need) == need && ferry_reg_entry_hold(candidate))
+        entry = candidate;
     pthread_rwlock_unlock(&registry->lock);
     return entry;
 }
