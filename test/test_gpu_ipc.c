@@ -25,6 +25,7 @@
 #include "peer_process.h"
 #include "service_process.h"
 #include "test_pattern.h"
+#include "unregister_race.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -291,35 +292,7 @@ Test(gpu_ipc, an_allocation_made_again_at_a_freed_address_is_opened_anew)
     peer_stop(&peer);
 }
 
-/* ---- writers racing an unregister ---- */
-
-enum { WRITERS = 4, BLOCK = 1 << 20 };
-
-typedef struct writer {
-    ferry_segment_h segment;
-    uint64_t remote;
-    unsigned char *local;
-    atomic_int *stop;
-    atomic_long done;
-    pthread_t thread;
-} writer_t;
-
-static void *write_loop(void *arg)
-{
-    writer_t *w = arg;
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = w->local, .target = w->segment,
-                           .target_offset = w->remote, .length = BLOCK, .transport = transport};
-    while (!atomic_load(w->stop)) {
-        /* Refused while the range is gone: keep trying, as an eager peer would. */
-        if (ferry_batch_submit(batch, &req, 1) == FERRY_OK &&
-            ferry_batch_wait(batch, 30000) == FERRY_OK)
-            atomic_fetch_add(&w->done, 1);
-    }
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
-    return NULL;
-}
+/* ---- writers racing an unregister (unregister_race.c) ---- */
 
 Test(gpu_ipc, no_write_lands_after_unregister_returns)
 {
@@ -327,49 +300,11 @@ Test(gpu_ipc, no_write_lands_after_unregister_returns)
     start_engine();
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    size_t range = (size_t)WRITERS * BLOCK;
-    uintptr_t a = peer_valloc(&peer, range, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, range), "OK");
+    uintptr_t a = peer_valloc(&peer, UNREGISTER_RACE_RANGE, 0);
+    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, UNREGISTER_RACE_RANGE), "OK");
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    unsigned char *local = malloc(range);
-    cr_assert_not_null(local);
-    memset(local, 0xab, range);
-    atomic_int stop = 0;
-    writer_t writers[WRITERS];
-    for (int i = 0; i < WRITERS; i++) {
-        writers[i] = (writer_t){.segment = segment, .remote = a + (uint64_t)i * BLOCK,
-                                .local = local + (size_t)i * BLOCK, .stop = &stop};
-        cr_assert_eq(pthread_create(&writers[i].thread, NULL, write_loop, &writers[i]), 0);
-    }
-    for (int round = 0; round < 6; round++) {
-        long before = 0;
-        for (int i = 0; i < WRITERS; i++)
-            before += atomic_load(&writers[i].done);
-        for (int waited = 0; waited < 500; waited++) { /* writes go through again */
-            long done = 0;
-            for (int i = 0; i < WRITERS; i++)
-                done += atomic_load(&writers[i].done);
-            if (done >= before + 2 * WRITERS)
-                break;
-            usleep(10000);
-        }
-        cr_assert_str_eq(peer_cmd(&peer, "aunreg 0x%" PRIxPTR, a), "OK");
-        cr_assert_str_eq(peer_cmd(&peer, "afill 0x%" PRIxPTR " %zu %d", a, range, 90 + round),
-                         "OK");
-        usleep(80000);
-        cr_assert_str_eq(peer_cmd(&peer, "acheck 0x%" PRIxPTR " %zu %d", a, range, 90 + round),
-                         "OK", "round %d: a write landed after ferry_unregister returned", round);
-        cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, range), "OK");
-    }
-    atomic_store(&stop, 1);
-    long total = 0;
-    for (int i = 0; i < WRITERS; i++) {
-        pthread_join(writers[i].thread, NULL);
-        total += atomic_load(&writers[i].done);
-    }
-    cr_assert_gt(total, 12 * WRITERS, "the writers hardly wrote (%ld writes)", total);
-    free(local);
+    unregister_under_writers(engine, segment, &peer, a, transport);
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
 }

@@ -24,6 +24,7 @@
 #include "service_process.h"
 #include "test_clock.h"
 #include "test_pattern.h"
+#include "unregister_race.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -36,99 +37,28 @@ TestSuite(one_sided, .fini = teardown, .timeout = 180);
 
 /* ---- writers racing an unregister ---- */
 
-enum { WRITERS = 4, BLOCK = 1 << 20 };
-
-typedef struct writer {
-    ferry_engine_h engine;
-    ferry_segment_h segment;
-    uint64_t remote;
-    unsigned char *local;
-    const char *via;
-    atomic_int *stop;
-    atomic_long done; /* writes that completed */
-    pthread_t thread;
-} writer_t;
-
-static void *write_loop(void *arg)
-{
-    writer_t *w = arg;
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(w->engine, 1, &batch), FERRY_OK);
-    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = w->local, .target = w->segment,
-                           .target_offset = w->remote, .length = BLOCK, .transport = w->via};
-    while (!atomic_load(w->stop)) {
-        /* Refused while the range is gone: keep trying, as an eager peer would. */
-        if (ferry_batch_submit(batch, &req, 1) == FERRY_OK &&
-            ferry_batch_wait(batch, 30000) == FERRY_OK)
-            atomic_fetch_add(&w->done, 1);
-    }
-    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
-    return NULL;
-}
-
-/* WRITERS threads write the peer's first WRITERS MiB via that one-sided
- * transport while the peer unregisters it, fills it with a canary and
- * looks at it 80 ms later, six times; it registers the range again in
- * between so writes resume. */
-static void unregister_under_writers(const char *transports, const char *via)
+/* The peer's first MiBs, written via that one-sided transport while the
+ * peer unregisters them (unregister_race.c). */
+static void unregister_under_writers_via(const char *transports, const char *via)
 {
     setenv("FERRY_TRANSPORTS", transports, 1); /* the peer inherits it */
     ferry_engine_h engine;
     cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    size_t range = (size_t)WRITERS * BLOCK;
-    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", range), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", UNREGISTER_RACE_RANGE), "OK");
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    unsigned char *local = malloc(range);
-    cr_assert_not_null(local);
-    memset(local, 0xab, range);
-    atomic_int stop = 0;
-    writer_t writers[WRITERS];
-    for (int i = 0; i < WRITERS; i++) {
-        writers[i] = (writer_t){.engine = engine, .segment = segment,
-                                .remote = peer.arena + (uint64_t)i * BLOCK,
-                                .local = local + (size_t)i * BLOCK, .via = via,
-                                .stop = &stop};
-        cr_assert_eq(pthread_create(&writers[i].thread, NULL, write_loop, &writers[i]), 0);
-    }
-    for (int round = 0; round < 6; round++) {
-        long before = 0;
-        for (int i = 0; i < WRITERS; i++)
-            before += atomic_load(&writers[i].done);
-        for (int waited = 0; waited < 500; waited++) { /* writes go through again */
-            long now = 0;
-            for (int i = 0; i < WRITERS; i++)
-                now += atomic_load(&writers[i].done);
-            if (now >= before + 2 * WRITERS)
-                break;
-            usleep(10000);
-        }
-        cr_assert_str_eq(peer_cmd(&peer, "unreg 0"), "OK");
-        cr_assert_str_eq(peer_cmd(&peer, "fill 0 %zu %d", range, 90 + round), "OK");
-        usleep(80000);
-        cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu %d", range, 90 + round), "OK",
-                         "round %d: a write landed after ferry_unregister returned", round);
-        cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", range), "OK");
-    }
-    atomic_store(&stop, 1);
-    long total = 0;
-    for (int i = 0; i < WRITERS; i++) {
-        pthread_join(writers[i].thread, NULL);
-        total += atomic_load(&writers[i].done);
-    }
-    cr_assert_gt(total, 12 * WRITERS, "the writers hardly wrote (%ld writes)", total);
+    unregister_under_writers(engine, segment, &peer, peer.arena, via);
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
     ferry_engine_destroy(engine);
-    free(local);
 }
 
 Test(one_sided, no_write_lands_after_unregister_with_p2p_metadata)
 {
     unsetenv("FERRY_METADATA");
-    unregister_under_writers("shm,tcp", "shm");
+    unregister_under_writers_via("shm,tcp", "shm");
 }
 
 /* With a shared store nobody fetches from the owner: the writers must
@@ -141,7 +71,7 @@ Test(one_sided, no_write_lands_after_unregister_with_a_shared_store)
     service_t metad;
     cr_assert_eq(service_start(&metad, SERVICE_METAD, NULL), 0);
     setenv("FERRY_METADATA", metad.uri, 1);
-    unregister_under_writers("shm,tcp", "shm");
+    unregister_under_writers_via("shm,tcp", "shm");
     service_cleanup(&metad);
 }
 
@@ -151,7 +81,7 @@ Test(one_sided, no_ucx_write_lands_after_unregister)
 {
     use_ucx_shm();
     unsetenv("FERRY_METADATA");
-    unregister_under_writers("ucx,tcp", "ucx");
+    unregister_under_writers_via("ucx,tcp", "ucx");
 }
 
 /* ---- descriptors forged in a shared store ---- */
