@@ -77,17 +77,14 @@ static void notify_check(ferry_engine_h engine, unsigned long long ms, const uns
     fflush(stdout);
 }
 
+/* The peer's engine, whose vendors say what memory a pointer is. */
+static ferry_engine_h the_engine;
+
 /* The vendor whose device memory p is, NULL for host memory. */
 static const ferry_accel_ops_t *device_of(const void *p)
 {
-    const ferry_accel_ops_t *vendors[FERRY_ACCEL_VENDORS_MAX];
-    size_t n = ferry_accel_vendors(getenv("FERRY_MODULE_DIR"), vendors, FERRY_ACCEL_VENDORS_MAX,
-                                   1);
     ferry_accel_range_t range;
-    for (size_t i = 0; i < n; i++)
-        if (vendors[i]->pointer_query(p, &range) == FERRY_OK)
-            return vendors[i];
-    return NULL;
+    return ferry_engine_accel_query(ferry_engine_lookup(the_engine), p, &range);
 }
 
 /* What fill, check and sum do, on host memory or (through a host copy)
@@ -162,6 +159,7 @@ int main(int argc, char **argv)
         printf("FAILED %s\n", ferry_status_string(status));
         return 1;
     }
+    the_engine = engine;
     /* FERRY_TEST_PEER_ALLOC=1 (or a location: "cxl"): the arena is one
      * ferry_alloc buffer ("cpu" for 1), registered whole (reg/unreg inside it
      * are refused as overlaps). */

@@ -56,22 +56,28 @@ const char *ferry_accel_why(const ferry_accel_ops_t *ops)
     return v == NULL ? "too many accelerator modules" : v->state == FERRY_OK ? NULL : v->why;
 }
 
-size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max,
-                           int quiet)
+/* The usable vendors among the plugins of list (an unusable one said why
+ * when first seen). */
+static size_t usable_in(const ferry_plugin_list_t *list, const ferry_accel_ops_t **usable,
+                        size_t max)
 {
-    ferry_plugin_list_t list;
-    ferry_plugin_list_all(module_dir, &list);
     size_t n = 0;
-    for (size_t i = 0; i < list.count; i++) {
-        const ferry_plugin_t *plugin = list.plugins[i];
+    for (size_t i = 0; i < list->count; i++) {
+        const ferry_plugin_t *plugin = list->plugins[i];
         if (plugin->kind != FERRY_PLUGIN_TRANSPORT || plugin->accel == NULL)
             continue;
         const accel_vendor_t *v = vendor_entry(plugin->accel);
         if (v != NULL && v->state == FERRY_OK && n < max)
             usable[n++] = v->ops;
-        else if (v != NULL && !quiet)
-            ferry_debug("accelerator %s is not used: %s", plugin->accel->kind, v->why);
     }
+    return n;
+}
+
+size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max)
+{
+    ferry_plugin_list_t list;
+    ferry_plugin_list_all(module_dir, &list);
+    size_t n = usable_in(&list, usable, max);
     ferry_plugin_list_release(&list);
     return n;
 }
@@ -79,7 +85,7 @@ size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usa
 const ferry_accel_ops_t *ferry_accel_find(const char *module_dir, const char *kind)
 {
     const ferry_accel_ops_t *usable[FERRY_ACCEL_VENDORS_MAX];
-    size_t n = ferry_accel_vendors(module_dir, usable, FERRY_ACCEL_VENDORS_MAX, 1);
+    size_t n = ferry_accel_vendors(module_dir, usable, FERRY_ACCEL_VENDORS_MAX);
     for (size_t i = 0; i < n; i++)
         if (strcmp(usable[i]->kind, kind) == 0)
             return usable[i];
@@ -89,7 +95,7 @@ const ferry_accel_ops_t *ferry_accel_find(const char *module_dir, const char *ki
 void ferry_accel_print(FILE *out, const char *module_dir)
 {
     const ferry_accel_ops_t *usable[FERRY_ACCEL_VENDORS_MAX];
-    ferry_accel_vendors(module_dir, usable, FERRY_ACCEL_VENDORS_MAX, 1);
+    ferry_accel_vendors(module_dir, usable, FERRY_ACCEL_VENDORS_MAX);
     pthread_mutex_lock(&vendors_lock);
     size_t count = n_vendors;
     pthread_mutex_unlock(&vendors_lock);
@@ -115,10 +121,9 @@ void ferry_accel_print(FILE *out, const char *module_dir)
     }
 }
 
-void ferry_engine_accel_start(ferry_engine_t *engine)
+void ferry_engine_accel_start(ferry_engine_t *engine, const ferry_plugin_list_t *all)
 {
-    engine->n_accel = ferry_accel_vendors(engine->settings.module_dir, engine->accel,
-                                          FERRY_ACCEL_VENDORS_MAX, 0);
+    engine->n_accel = usable_in(all, engine->accel, FERRY_ACCEL_VENDORS_MAX);
 }
 
 const ferry_accel_ops_t *ferry_engine_accel_of(const ferry_engine_t *engine,

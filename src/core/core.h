@@ -446,16 +446,16 @@ void ferry_batch_forget_entry(ferry_engine_t *engine, const ferry_reg_entry_t *e
 /* ---------------- accel.c: accelerator vendors ---------------- */
 
 /* The usable vendors (init succeeded) among the modules in module_dir,
- * each initialized once per process; quiet: no debug line per unusable one. */
-size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max,
-                           int quiet);
+ * each initialized once per process (an unusable one says why, once). */
+size_t ferry_accel_vendors(const char *module_dir, const ferry_accel_ops_t **usable, size_t max);
 /* Why the vendor is not usable (its init's answer), NULL when it is. */
 const char *ferry_accel_why(const ferry_accel_ops_t *ops);
 /* The usable vendor of that kind ("cuda"), or NULL. */
 const ferry_accel_ops_t *ferry_accel_find(const char *module_dir, const char *kind);
 /* Every accelerator module, its state and devices (ferry_info). */
 void ferry_accel_print(FILE *out, const char *module_dir);
-void ferry_engine_accel_start(ferry_engine_t *engine);
+/* The engine's vendors, from the plugins it found (all). */
+void ferry_engine_accel_start(ferry_engine_t *engine, const ferry_plugin_list_t *all);
 /* The vendor a location names ("cuda:0"), NULL for any other location. */
 const ferry_accel_ops_t *ferry_engine_accel_of(const ferry_engine_t *engine,
                                                const char *location);

@@ -312,7 +312,8 @@ static int by_priority(const void *a, const void *b)
     return y->plugin->priority - x->plugin->priority;
 }
 
-static ferry_status_t start_transports(ferry_engine_t *engine)
+/* all: every plugin found (used when FERRY_TRANSPORTS names none). */
+static ferry_status_t start_transports(ferry_engine_t *engine, const ferry_plugin_list_t *all)
 {
     const char *list = engine->settings.transports;
     ferry_status_t status = FERRY_OK;
@@ -325,10 +326,8 @@ static ferry_status_t start_transports(ferry_engine_t *engine)
         free(copy);
         return status;
     }
-    ferry_plugin_list_t all;
-    ferry_plugin_list_all(engine->settings.module_dir, &all);
-    for (size_t i = 0; i < all.count && status == FERRY_OK; i++) {
-        const ferry_plugin_t *plugin = all.plugins[i];
+    for (size_t i = 0; i < all->count && status == FERRY_OK; i++) {
+        const ferry_plugin_t *plugin = all->plugins[i];
         if (plugin->kind != FERRY_PLUGIN_TRANSPORT || (*list && name_in_list(list + 1,
                                                                              plugin->name)))
             continue;
@@ -343,7 +342,6 @@ static ferry_status_t start_transports(ferry_engine_t *engine)
             status = FERRY_OK;
         }
     }
-    ferry_plugin_list_release(&all);
     qsort(engine->transports, engine->n_transports, sizeof(engine->transports[0]), by_priority);
     if (status == FERRY_OK && engine->n_transports == 0) {
         ferry_error("FERRY_TRANSPORTS=\"%s\" leaves no transport", list);
@@ -412,8 +410,13 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     ferry_stage_pool_init(&engine->stage, engine->settings.stage_chunk,
                           engine->settings.stage_pinned_max);
     engine->stage_ready = 1;
-    ferry_engine_accel_start(engine);
-    status = start_transports(engine);
+    /* One look at the module directory serves the vendors and the
+     * transports. */
+    ferry_plugin_list_t all;
+    ferry_plugin_list_all(engine->settings.module_dir, &all);
+    ferry_engine_accel_start(engine, &all);
+    status = start_transports(engine, &all);
+    ferry_plugin_list_release(&all);
     if (status != FERRY_OK)
         goto err_destroy;
     for (size_t i = 0; i < engine->n_transports; i++)
