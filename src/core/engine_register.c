@@ -229,20 +229,17 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
     if (entry == NULL)
         return FERRY_ERR_NO_MEMORY;
     entry->allocated = 1;
-    if (ferry_engine_accel_of(engine, location) != NULL) {
-        void *addr = NULL;
-        ferry_status_t status = ferry_engine_device_alloc(engine, location, length, &addr,
-                                                          &entry->accel);
-        if (status == FERRY_OK) {
-            entry->addr = (uintptr_t)addr;
-            entry->alloc_transport = FERRY_ALLOC_DEVICE;
-            return FERRY_OK;
-        }
-        entry->allocated = 0;
-        ferry_reg_entry_free(entry);
-        *entry_p = NULL;
-        return status;
+    /* A device location: its vendor's memory, or its vendor's refusal. */
+    void *device = NULL;
+    ferry_status_t status = ferry_engine_device_alloc(engine, location, length, &device,
+                                                      &entry->accel);
+    if (status == FERRY_OK) {
+        entry->addr = (uintptr_t)device;
+        entry->alloc_transport = FERRY_ALLOC_DEVICE;
+        return FERRY_OK;
     }
+    if (entry->accel != NULL)
+        goto err_free;
     ferry_status_t failed = FERRY_ERR_UNSUPPORTED;
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
@@ -265,7 +262,7 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
             failed = status;
         }
     }
-    ferry_status_t status = failed;
+    status = failed;
     /* Host memory, but never the CXL window's: "cxl" memory from the heap
      * would be reachable by nothing that the user asked for. */
     if (ferry_location_is_host(entry->location) && !ferry_location_is_cxl(entry->location)) {
@@ -285,6 +282,7 @@ static ferry_status_t allocate_entry(ferry_engine_t *engine, size_t length,
         ferry_error("allocate %zu bytes at %s: no transport or accelerator module provides such "
                     "memory (ferry_info lists the devices)", length, entry->location);
     }
+err_free:
     entry->allocated = 0;
     ferry_reg_entry_free(entry);
     *entry_p = NULL;
