@@ -86,6 +86,14 @@ static uintptr_t peer_valloc(peer_process_t *peer, size_t length, int device)
     return at;
 }
 
+/* Device memory in the peer on its device 0, registered whole. */
+static uintptr_t peer_device_buffer(peer_process_t *peer, size_t length)
+{
+    uintptr_t a = peer_valloc(peer, length, 0);
+    cr_assert_str_eq(peer_cmd(peer, "areg 0x%" PRIxPTR " %zu", a, length), "OK");
+    return a;
+}
+
 /* The process's count of peer allocations the transport opened (device -1),
  * closed (device -2), or opened with our device ordinal d, from ferry_info's
  * line. */
@@ -166,8 +174,7 @@ Test(gpu_ipc, one_import_for_ten_thousand_writes_from_device_memory)
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
     enum { BATCH = 100, ROUNDS = 100, PIECE = 4096 };
-    uintptr_t a = peer_valloc(&peer, BATCH * PIECE, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %d", a, BATCH * PIECE), "OK");
+    uintptr_t a = peer_device_buffer(&peer, BATCH * PIECE);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     void *local = NULL;
@@ -259,8 +266,7 @@ Test(gpu_ipc, an_allocation_made_again_at_a_freed_address_is_opened_anew)
     start_engine();
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    uintptr_t a = peer_valloc(&peer, 4 * MIB, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, 4 * MIB), "OK");
+    uintptr_t a = peer_device_buffer(&peer, 4 * MIB);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     unsigned char *local = malloc(4 * MIB);
@@ -300,8 +306,7 @@ Test(gpu_ipc, no_write_lands_after_unregister_returns)
     start_engine();
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
-    uintptr_t a = peer_valloc(&peer, UNREGISTER_RACE_RANGE, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, UNREGISTER_RACE_RANGE), "OK");
+    uintptr_t a = peer_device_buffer(&peer, UNREGISTER_RACE_RANGE);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     unregister_under_writers(engine, segment, &peer, a, transport);
@@ -315,8 +320,7 @@ Test(gpu_ipc, a_killed_peer_fails_within_the_bound)
     start_engine();
     peer_process_t victim;
     cr_assert_eq(peer_start(&victim, NULL), 0);
-    uintptr_t a = peer_valloc(&victim, 64 * MIB, 0);
-    cr_assert_str_eq(peer_cmd(&victim, "areg 0x%" PRIxPTR " %zu", a, 64 * MIB), "OK");
+    uintptr_t a = peer_device_buffer(&victim, 64 * MIB);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, victim.name, &segment), FERRY_OK);
     enum { N = 16 };
@@ -364,8 +368,7 @@ Test(gpu_ipc, a_restarted_peer_is_reached_again)
     static const char *const env[] = {"FERRY_SEGMENT_NAME=phoenix", NULL};
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, env), 0);
-    uintptr_t a = peer_valloc(&peer, 2 * MIB, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, 2 * MIB), "OK");
+    uintptr_t a = peer_device_buffer(&peer, 2 * MIB);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, "phoenix", &segment), FERRY_OK);
     unsigned char *local = malloc(2 * MIB);
@@ -381,8 +384,7 @@ Test(gpu_ipc, a_restarted_peer_is_reached_again)
                   "a write to the dead peer succeeded");
 
     cr_assert_eq(peer_start(&peer, env), 0);
-    uintptr_t b = peer_valloc(&peer, 2 * MIB, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", b, 2 * MIB), "OK");
+    uintptr_t b = peer_device_buffer(&peer, 2 * MIB);
     cr_assert_eq(ferry_segment_refresh(engine, "phoenix"), FERRY_OK);
     test_pattern_fill(local, 2 * MIB, 13);
     cr_assert_eq(xfer(FERRY_OP_WRITE, local, segment, b, 2 * MIB), FERRY_OK);
@@ -472,8 +474,7 @@ Test(gpu_ipc, engine_destroy_with_copies_in_flight)
     peer_process_t peer;
     cr_assert_eq(peer_start(&peer, NULL), 0);
     enum { N = 16 };
-    uintptr_t a = peer_valloc(&peer, N * 4 * MIB, 0);
-    cr_assert_str_eq(peer_cmd(&peer, "areg 0x%" PRIxPTR " %zu", a, N * 4 * MIB), "OK");
+    uintptr_t a = peer_device_buffer(&peer, N * 4 * MIB);
     ferry_segment_h segment;
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     void *local = NULL;
