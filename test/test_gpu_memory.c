@@ -164,7 +164,7 @@ static void start_pair_at(const char *arena_location, const char *transports);
 
 static void start_pair(int remote_device, const char *transports)
 {
-    find_vendor();
+    find_vendor(); /* device0, which start_pair_at's own call sets too */
     start_pair_at(remote_device ? device0 : "1", transports);
 }
 

@@ -164,7 +164,8 @@ static ferry_status_t gpu_ipc_address(void *ctx, char **endpoint_p)
 static ferry_status_t pin_host(ferry_gpu_ipc_t *gpu, void *addr, size_t length, void **memh_p)
 {
     const ferry_accel_ops_t *vendor = gpu->vendor;
-    if (!gpu->settings.pin_host || !FERRY_ACCEL_OPS_HAS(vendor, host_unregister))
+    if (!gpu->settings.pin_host || !FERRY_ACCEL_OPS_HAS(vendor, host_register) ||
+        !FERRY_ACCEL_OPS_HAS(vendor, host_unregister))
         return FERRY_OK;
     ferry_gpu_ipc_memh_t *memh = calloc(1, sizeof(*memh));
     if (memh == NULL)
