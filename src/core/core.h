@@ -116,7 +116,23 @@ ferry_reg_entry_t *ferry_reg_entry_new(uintptr_t addr, size_t length, const char
                                        unsigned flags);
 void ferry_reg_entry_free(ferry_reg_entry_t *entry);
 
-/* ---------------- descriptor.c: the segment descriptor and its codec ---------------- */
+/* ---------------- descriptor.c: the segment descriptor and its codecs ---------------- */
+
+/* descriptor_pool.c: where a descriptor's per-buffer strings live. */
+typedef struct ferry_desc_pool ferry_desc_pool_t;
+/* A new pool holding a reference on parent (may be NULL). */
+ferry_desc_pool_t *ferry_desc_pool_new(ferry_desc_pool_t *parent);
+ferry_desc_pool_t *ferry_desc_pool_ref(ferry_desc_pool_t *pool);
+void ferry_desc_pool_unref(ferry_desc_pool_t *pool);
+/* How many ancestors the pool holds (a chain of applied changes). */
+unsigned ferry_desc_pool_depth(const ferry_desc_pool_t *pool);
+/* The size of the next chunk, when the caller knows roughly what it needs. */
+void ferry_desc_pool_reserve(ferry_desc_pool_t *pool, size_t bytes);
+/* Aligned for any type, uninitialized; NULL when out of memory. */
+void *ferry_desc_pool_alloc(ferry_desc_pool_t *pool, size_t size);
+/* Unaligned bytes (strings). */
+void *ferry_desc_pool_bytes(ferry_desc_pool_t *pool, size_t size);
+char *ferry_desc_pool_strndup(ferry_desc_pool_t *pool, const char *text, size_t length);
 
 typedef struct ferry_desc_transport {
     char *name;
@@ -140,12 +156,20 @@ typedef struct ferry_descriptor {
     atomic_uint refs;
     char *name;
     uint64_t generation;
+    /* Counts the owner's publishes that changed something, within one
+     * generation; 0: unknown (a JSON descriptor, or an owner that does not
+     * count), so never asked for changes. */
+    uint64_t revision;
     char *host_id;
     char *rpc;
     size_t n_transports;
-    ferry_desc_transport_t *transports;
+    ferry_desc_transport_t *transports; /* malloc-ed, and their strings */
     size_t n_buffers;
-    ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint */
+    ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint; malloc-ed */
+    /* NULL: each buffer's location, keys array and keys are malloc-ed
+     * (descriptors built by hand); else they all live in this pool or its
+     * ancestors. */
+    ferry_desc_pool_t *pool;
     /* Not part of the value either.  serial: no other descriptor of this
      * process has it (ferry_peer_t.descriptor_serial).  same_host: the
      * owning engine's host comparison, 0 until made, else 1 (other host)
@@ -163,20 +187,129 @@ enum {
     FERRY_DESC_REFUSED = 2,
 };
 
+/* The two text forms of a descriptor (descriptor.c explains both). */
+typedef enum ferry_desc_form {
+    FERRY_DESC_FORM_JSON = 0,
+    FERRY_DESC_FORM_COMPACT = 1,
+} ferry_desc_form_t;
+
+/* What decoders refuse before it costs memory, in either form. */
+#define FERRY_DESC_MAX_TEXT ((size_t)64 << 20)
+#define FERRY_DESC_MAX_STRING ((size_t)64 << 10)
+#define FERRY_DESC_MAX_BUFFERS ((size_t)1000000)
+#define FERRY_DESC_MAX_TRANSPORTS ((size_t)64)
+#define FERRY_DESC_COMPACT_MAGIC "ferry:desc:1\n"
+#define FERRY_DESC_CHANGES_MAGIC "ferry:changes:1\n"
+
 ferry_descriptor_t *ferry_descriptor_new(void);
 ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
 void ferry_descriptor_unref(ferry_descriptor_t *desc);
 /* JSON text, malloc-ed. */
 ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **json_p);
-/* Strict: any type error, missing field, overflow or overlap is FERRY_ERR_DECODE. */
-ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
+/* Either form, malloc-ed and NUL-terminated; *length_p (may be NULL) its length. */
+ferry_status_t ferry_descriptor_encode_as(const ferry_descriptor_t *desc, ferry_desc_form_t form,
+                                          char **text_p, size_t *length_p);
+/* Either form, told apart by its first bytes.  Strict: any type error,
+ * missing field, overflow or overlap is FERRY_ERR_DECODE, logged once. */
+ferry_status_t ferry_descriptor_decode(const char *text, size_t length,
                                        ferry_descriptor_t **desc_p);
-/* Sort buffers and reject overlaps (the decoder and the builder use it). */
+/* The form of a text by its first bytes (JSON for anything not compact). */
+ferry_desc_form_t ferry_descriptor_text_form(const char *text, size_t length);
+/* A decoder's last step: finish desc and hand it over (*desc_p) when status
+ * is FERRY_OK, else (or when finish fails) unref it; returns the outcome. */
+ferry_status_t ferry_descriptor_complete(ferry_descriptor_t *desc, ferry_status_t status,
+                                         ferry_descriptor_t **desc_p);
+/* "r", "w", "rw" for a buffer's access; NULL when peers may not touch it. */
+const char *ferry_desc_access_text(unsigned access);
+/* Sort buffers (unless sorted already) and reject overlaps (the decoders
+ * and the builder use it). */
 ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc);
 /* Buffer containing [addr, addr+length) or NULL. */
 const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,
                                                  uint64_t length);
 int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name);
+/* Decoders' shared report: "segment descriptor: <prefix>.<key>: <problem>"
+ * logged once, returns FERRY_ERR_DECODE. */
+ferry_status_t ferry_desc_decode_bad(const char *prefix, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Whether the bytes are UTF-8 text without NUL (what JSON strings hold). */
+int ferry_desc_text_valid(const char *text, size_t length);
+
+/* descriptor_compact.c: the compact form (its header describes it).
+ * decode fills a new descriptor that ferry_descriptor_decode finishes. */
+ferry_status_t ferry_descriptor_compact_encode(const ferry_descriptor_t *desc, char **text_p,
+                                               size_t *length_p);
+ferry_status_t ferry_descriptor_compact_decode(const char *text, size_t length,
+                                               ferry_descriptor_t *desc);
+/* The compact reader's pieces, shared with the change-set reader: each
+ * logs once ("line N: what: problem") and returns FERRY_ERR_DECODE. */
+typedef struct ferry_desc_cursor {
+    const char *p, *end;
+    size_t line;
+} ferry_desc_cursor_t;
+ferry_status_t ferry_desc_cursor_literal(ferry_desc_cursor_t *in, const char *word,
+                                         const char *what);
+ferry_status_t ferry_desc_cursor_char(ferry_desc_cursor_t *in, char c, const char *what);
+ferry_status_t ferry_desc_cursor_hex(ferry_desc_cursor_t *in, const char *what,
+                                     uint64_t *value_p);
+/* *text_p points into the text: *length_p bytes, not NUL-terminated. */
+ferry_status_t ferry_desc_cursor_str(ferry_desc_cursor_t *in, const char *what,
+                                     const char **text_p, size_t *length_p);
+/* One buffer line, strings into pool (shared with previous's when equal). */
+ferry_status_t ferry_desc_cursor_buffer(ferry_desc_cursor_t *in, size_t n_transports,
+                                        ferry_desc_pool_t *pool,
+                                        const ferry_desc_buffer_t *previous,
+                                        ferry_desc_buffer_t *buffer);
+/* The compact writer's pieces: a buffer line's size (without newline),
+ * the line itself, a hex number; each returns where the writing ended. */
+size_t ferry_desc_compact_buffer_size(const ferry_descriptor_t *desc,
+                                      const ferry_desc_buffer_t *buffer);
+char *ferry_desc_compact_put_buffer(const ferry_descriptor_t *desc,
+                                    const ferry_desc_buffer_t *buffer, char *out);
+char *ferry_desc_compact_put_hex(char *out, uint64_t value);
+char *ferry_desc_compact_put_word(char *out, const char *word);
+
+/* descriptor_changes.c: what changed between two revisions of one
+ * generation of a descriptor (incremental refresh).  A change set lists,
+ * per revision step, the buffers removed (by address) and added (whole),
+ * both sorted by address; keys follow the transports of the descriptor it
+ * applies to (fixed within a generation). */
+typedef struct ferry_desc_step {
+    uint64_t revision;           /* the revision this step leads to */
+    size_t n_removed;
+    uint64_t *removed;           /* addresses, ascending */
+    size_t n_added;
+    ferry_desc_buffer_t *added;  /* ascending, disjoint; strings in the set's pool */
+} ferry_desc_step_t;
+
+typedef struct ferry_desc_changes {
+    uint64_t generation;
+    uint64_t from;               /* the revision the first step applies to */
+    size_t n_transports;         /* keys per added buffer */
+    size_t n_steps;
+    ferry_desc_step_t *steps;    /* revisions ascending, each one more */
+    ferry_desc_pool_t *pool;
+} ferry_desc_changes_t;
+
+void ferry_desc_changes_init(ferry_desc_changes_t *changes, uint64_t generation, uint64_t from,
+                             size_t n_transports);
+void ferry_desc_changes_fini(ferry_desc_changes_t *changes);
+/* Text of the steps of changes whose revisions are above `since` (which
+ * must be at least changes->from), malloc-ed. */
+ferry_status_t ferry_desc_changes_encode(const ferry_desc_changes_t *changes, uint64_t since,
+                                         char **text_p, size_t *length_p);
+/* Strict, like the descriptor decoders; changes is initialized here. */
+ferry_status_t ferry_desc_changes_decode(const char *text, size_t length,
+                                         ferry_desc_changes_t *changes);
+/* base with the changes applied: a new descriptor (its pool's parent is
+ * base's) at the last step's revision.  FERRY_ERR_DECODE when the changes
+ * do not fit base (another generation or revision, a different transport
+ * count, an added buffer overlapping a kept one); a removed address that
+ * base lacks is no error (the owner may show a removal before it counts
+ * it).  Logs once. */
+ferry_status_t ferry_descriptor_apply(const ferry_descriptor_t *base,
+                                      const ferry_desc_changes_t *changes,
+                                      ferry_descriptor_t **desc_p);
 
 /* ---------------- segment_cache.c: opened remote segments ---------------- */
 
