@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_rng.h"
 #include "../src/core/core.h"
 #include "descriptor_samples.h"
 
@@ -20,10 +21,7 @@ static uint64_t rng_state = 0x853c49e6748fea9bull;
 
 static uint64_t rng(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return test_rng_next(&rng_state);
 }
 
 /* What the owner registered: one buffer per used slot. */

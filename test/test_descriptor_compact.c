@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_rng.h"
 #include "../src/core/core.h"
 #include "capture_stderr.h"
 #include "descriptor_samples.h"
@@ -210,10 +211,7 @@ static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 static uint64_t rng(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return test_rng_next(&rng_state);
 }
 
 Test(descriptor_compact, random_mutations_never_crash)

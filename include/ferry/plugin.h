@@ -323,6 +323,11 @@ enum {
      * it, whatever the buffer's flags (a UCX rkey): a buffer that is not
      * remote-readable is published without this transport's key. */
     FERRY_TRANSPORT_KEY_GRANTS_READ = 1u << 4,
+    /* metadata: every reader of this store is a Ferry engine, so it may
+     * hold descriptors in their compact form (doc/metadata.md, "Descriptor
+     * forms"); without it (an older plugin, or a store others read, as
+     * Mooncake's HTTP server) descriptors are published as JSON. */
+    FERRY_METADATA_COMPACT = 1u << 5,
 };
 
 /* ---- metadata stores ---- */

@@ -228,6 +228,9 @@ ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc);
 const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,
                                                  uint64_t length);
 int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name);
+/* Whether two descriptors hold the same value (the revision aside: it
+ * counts publishes, it describes no memory). */
+int ferry_descriptor_same(const ferry_descriptor_t *a, const ferry_descriptor_t *b);
 /* Decoders' shared report: "segment descriptor: <prefix>.<key>: <problem>"
  * logged once, returns FERRY_ERR_DECODE. */
 ferry_status_t ferry_desc_decode_bad(const char *prefix, const char *key, const char *fmt, ...)
@@ -276,6 +279,7 @@ char *ferry_desc_compact_put_word(char *out, const char *word);
  * applies to (fixed within a generation). */
 typedef struct ferry_desc_step {
     uint64_t revision;           /* the revision this step leads to */
+    ferry_desc_pool_t *pool;     /* its strings', or NULL: the set's pool holds them */
     size_t n_removed;
     uint64_t *removed;           /* addresses, ascending */
     size_t n_added;
@@ -401,6 +405,17 @@ typedef struct ferry_transport_instance {
     unsigned local_device;
 } ferry_transport_instance_t;
 
+/* Registrations since the last publish (engine_publish.c): entries added
+ * (still registered) and addresses of published ones removed; overflow
+ * when there were too many to keep as one step. */
+typedef struct ferry_desc_pending {
+    ferry_reg_entry_t **added;
+    size_t n_added, added_capacity;
+    uint64_t *removed;
+    size_t n_removed, removed_capacity;
+    int overflow;
+} ferry_desc_pending_t;
+
 typedef struct ferry_subscriber {
     char *rpc;
     struct ferry_subscriber *next;
@@ -425,6 +440,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_max_conns_per_source;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
+    char *descriptor_format;
     unsigned subscribers_max;
     unsigned wait_spin_us;
     size_t copy_nt_min;
@@ -471,14 +487,22 @@ struct ferry_engine {
     const ferry_metadata_ops_t *metadata;
     void *metadata_ctx;
 
-    /* published_lock: the newest local descriptor and its JSON, rebuilt on
-     * demand when registrations changed (published_stale) */
+    /* What was published and how (engine_publish.c).  publish_form is
+     * fixed after create.  published_lock: revision (the newest), changes
+     * (the steps that led to it: changes.from + changes.n_steps ==
+     * revision), local_desc (built on demand: NULL or older until someone
+     * asks) and its texts per form (NULL until asked), published_epoch.
+     * register_lock: pending, register_epoch. */
+    ferry_desc_form_t publish_form;
     pthread_mutex_t published_lock;
-    char *published_json;
+    uint64_t revision;
+    ferry_desc_changes_t changes;
     ferry_descriptor_t *local_desc;
-    int published_stale;
+    char *published_text[2];
+    size_t published_length[2];
     uint64_t published_epoch;    /* entries registered up to here are published */
-    uint64_t register_epoch;     /* register_lock: last epoch handed out */
+    uint64_t register_epoch;     /* last epoch handed out */
+    ferry_desc_pending_t pending;
 
     struct ferry_rpc_server *rpc_server;
     /* Set (release) once create has built everything: the RPC server runs
@@ -517,12 +541,31 @@ void ferry_engine_free(ferry_engine_t *engine);
  * their threads take over now. */
 void ferry_engine_progress_leave(ferry_engine_t *engine);
 
-/* engine_register.c */
-/* Build the descriptor from the registry and publish it. Caller holds register_lock. */
+/* engine_publish.c */
+/* The registrations since the last publish become a new revision, and a
+ * store that holds whole descriptors gets the newest.  Caller holds
+ * register_lock. */
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine);
 /* The newest local descriptor (referenced) and/or a copy of its JSON. */
 ferry_status_t ferry_engine_local_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p,
                                              char **json_p);
+/* A copy of the newest local descriptor's text in that form. */
+ferry_status_t ferry_engine_local_text(ferry_engine_t *engine, ferry_desc_form_t form,
+                                       char **text_p, size_t *length_p);
+/* For a peer that holds generation's revision: the changes since (a
+ * change set's text), or the whole descriptor in form when the log does
+ * not reach back to it. */
+ferry_status_t ferry_engine_changes_text(ferry_engine_t *engine, uint64_t generation,
+                                         uint64_t revision, ferry_desc_form_t form,
+                                         char **text_p, size_t *length_p);
+/* Caller holds register_lock: entry was added, or leaves the registry. */
+void ferry_engine_changes_added(ferry_engine_t *engine, ferry_reg_entry_t *entry);
+void ferry_engine_changes_removed(ferry_engine_t *engine, ferry_reg_entry_t *entry);
+ferry_status_t ferry_engine_changes_init(ferry_engine_t *engine);
+/* Frees the log, the pending changes, the local descriptor and its texts. */
+void ferry_engine_changes_fini(ferry_engine_t *engine);
+
+/* engine_register.c */
 void ferry_engine_deregister_all(ferry_engine_t *engine);
 ferry_status_t ferry_engine_access_acquire(void *engine, uint64_t addr, uint64_t length,
                                            ferry_access_t access, void **token_p);
@@ -534,8 +577,15 @@ void ferry_engine_peer_seen(void *engine, const char *rpc);
 void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc);
 
 /* engine_rpc.c */
+/* A descriptor from its owner at rpc, in either form (name may be ""). */
 ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char *name,
                                       char **descriptor_p);
+/* The same for a caller that holds generation's revision (not 0): the
+ * owner answers with the changes since, or the whole descriptor (an older
+ * owner always does).  *text_p is NUL-terminated, *length_p long. */
+ferry_status_t ferry_engine_rpc_fetch_since(ferry_engine_t *engine, const char *rpc,
+                                            const char *name, uint64_t generation,
+                                            uint64_t revision, char **text_p, size_t *length_p);
 ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                                         const void *msg, size_t length);
 void ferry_engine_notify_deliver(void *engine, const char *from, const void *msg, size_t length);

@@ -183,6 +183,33 @@ const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc,
     return buffer;
 }
 
+static int same_text(const char *a, const char *b)
+{
+    return a == b || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+int ferry_descriptor_same(const ferry_descriptor_t *a, const ferry_descriptor_t *b)
+{
+    if (!same_text(a->name, b->name) || a->generation != b->generation ||
+        !same_text(a->host_id, b->host_id) || !same_text(a->rpc, b->rpc) ||
+        a->n_transports != b->n_transports || a->n_buffers != b->n_buffers)
+        return 0;
+    for (size_t t = 0; t < a->n_transports; t++)
+        if (!same_text(a->transports[t].name, b->transports[t].name) ||
+            !same_text(a->transports[t].endpoint, b->transports[t].endpoint))
+            return 0;
+    for (size_t i = 0; i < a->n_buffers; i++) {
+        const ferry_desc_buffer_t *x = &a->buffers[i], *y = &b->buffers[i];
+        if (x->addr != y->addr || x->length != y->length || x->access != y->access ||
+            !same_text(x->location, y->location))
+            return 0;
+        for (size_t t = 0; t < a->n_transports; t++)
+            if (!same_text(x->keys ? x->keys[t] : NULL, y->keys ? y->keys[t] : NULL))
+                return 0;
+    }
+    return 1;
+}
+
 int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name)
 {
     if (desc == NULL || name == NULL)

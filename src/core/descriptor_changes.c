@@ -43,6 +43,7 @@ void ferry_desc_changes_fini(ferry_desc_changes_t *changes)
     for (size_t s = 0; s < changes->n_steps; s++) {
         free(changes->steps[s].removed);
         free(changes->steps[s].added);
+        ferry_desc_pool_unref(changes->steps[s].pool);
     }
     free(changes->steps);
     ferry_desc_pool_unref(changes->pool);
