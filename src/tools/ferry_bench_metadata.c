@@ -10,8 +10,11 @@
  *   open         ferry_segment_open() of a segment not in the reader's cache
  *                (store fetch + decode), for a 1-buffer and the large segment;
  *   open cached  ferry_segment_open() of a segment already open;
+ *   open after a change: the same, the owner having unregistered (or
+ *                registered again) one buffer before each open, so that its
+ *                descriptor is made and encoded anew;
  *   refresh      ferry_segment_refresh() of an open segment after its owner
- *                registered one more buffer, or unregistered it again
+ *                unregistered one buffer, or registered it again
  *                (alternately), for the small and the large segment: what a
  *                peer pays for one change (p2p: the changes since its
  *                revision; other stores: the whole descriptor).
@@ -81,18 +84,19 @@ static int make_engine(const md_options_t *o, const char *name, ferry_engine_h *
 }
 
 /* Open and close `name` n times; open is uncached each time (the close of
- * the last handle drops the cached descriptor).  With an owner and a spare
- * page, the owner registers (or unregisters) it before each open, unmeasured:
- * the owner's descriptor is made and encoded anew for each open. */
-static int time_opens(ferry_engine_h owner, unsigned char *spare, ferry_engine_h reader,
+ * the last handle drops the cached descriptor).  With an owner and one of
+ * its registered pages, the owner unregisters (or registers again) that page
+ * before each open, unmeasured: the owner's descriptor is made and encoded
+ * anew for each open. */
+static int time_opens(ferry_engine_h owner, unsigned char *page, ferry_engine_h reader,
                       const char *name, double *samples, unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {
         ferry_segment_h segment;
         ferry_status_t changed = FERRY_OK;
         if (owner != NULL)
-            changed = i % 2 ? ferry_unregister(owner, spare)
-                            : ferry_register(owner, spare, 4096, "cpu", FERRY_REG_REMOTE);
+            changed = i % 2 ? ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE)
+                            : ferry_unregister(owner, page);
         if (changed != FERRY_OK) {
             fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(changed));
             return -1;
@@ -106,21 +110,23 @@ static int time_opens(ferry_engine_h owner, unsigned char *spare, ferry_engine_h
         }
         ferry_segment_close(reader, segment);
     }
-    if (owner != NULL && n % 2 && ferry_unregister(owner, spare) != FERRY_OK)
+    if (owner != NULL && n % 2 &&
+        ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE) != FERRY_OK)
         return -1;
     return 0;
 }
 
-/* Open `name`, then n times: the owner registers one page of `spare` (and
- * next time unregisters it), unmeasured; the reader's refresh is measured. */
+/* Open `name`, then n times: the owner unregisters one of its pages (and
+ * next time registers it again), unmeasured; the reader's refresh is
+ * measured. */
 static int time_refreshes(ferry_engine_h owner, ferry_engine_h reader, const char *name,
-                          unsigned char *spare, double *samples, unsigned n)
+                          unsigned char *page, double *samples, unsigned n)
 {
     ferry_segment_h segment;
     ferry_status_t status = ferry_segment_open(reader, name, &segment);
     for (unsigned i = 0; i < n && status == FERRY_OK; i++) {
-        status = i % 2 ? ferry_unregister(owner, spare)
-                       : ferry_register(owner, spare, 4096, "cpu", FERRY_REG_REMOTE);
+        status = i % 2 ? ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE)
+                       : ferry_unregister(owner, page);
         if (status != FERRY_OK)
             break;
         double start = now_us();
@@ -128,7 +134,7 @@ static int time_refreshes(ferry_engine_h owner, ferry_engine_h reader, const cha
         samples[i] = now_us() - start;
     }
     if (status == FERRY_OK && n % 2)
-        status = ferry_unregister(owner, spare);
+        status = ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE);
     if (status != FERRY_OK)
         fprintf(stderr, "ferry_bench: refresh %s: %s\n", name, ferry_status_string(status));
     ferry_segment_close(reader, segment);
@@ -220,8 +226,8 @@ int ferry_bench_metadata_main(int argc, char **argv)
 
     ferry_engine_h small = NULL, large = NULL, reader = NULL;
     size_t page = 4096, n = o.registrations;
-    /* [small segment][large segment][one spare page each] */
-    size_t pages = o.small + n + 2;
+    /* [small segment][large segment] */
+    size_t pages = o.small + n;
     unsigned char *arena = NULL, *small_arena, *large_arena;
     double *samples = calloc(o.iterations, sizeof(double));
     ferry_region_t *regions = calloc(n > o.small ? n : o.small, sizeof(*regions));
@@ -279,7 +285,6 @@ int ferry_bench_metadata_main(int argc, char **argv)
 
     const char *small_seg = ferry_engine_segment_name(small);
     const char *large_seg = ferry_engine_segment_name(large);
-    unsigned char *spare = arena + (o.small + n) * page;
     if (time_opens(NULL, NULL, reader, small_seg, samples, o.iterations) != 0)
         goto out;
     snprintf(label, sizeof(label), "open uncached (%u buffer%s)", o.small, o.small > 1 ? "s" : "");
@@ -295,7 +300,8 @@ int ferry_bench_metadata_main(int argc, char **argv)
         goto out;
     snprintf(label, sizeof(label), "open uncached (%u buffers)", o.registrations);
     report(store, "open_uncached", label, samples, o.iterations);
-    if (time_opens(large, spare + page, reader, large_seg, samples, o.iterations) != 0)
+    if (time_opens(large, large_arena + (n - 1) * page, reader, large_seg, samples,
+                   o.iterations) != 0)
         goto out;
     snprintf(label, sizeof(label), "open after a change (%u)", o.registrations);
     report(store, "open_changed", label, samples, o.iterations);
@@ -321,11 +327,13 @@ int ferry_bench_metadata_main(int argc, char **argv)
         goto out;
     report(store, "open_cached", "open cached", samples, o.iterations);
 
-    if (time_refreshes(small, reader, small_seg, spare, samples, o.iterations) != 0)
+    if (time_refreshes(small, reader, small_seg, small_arena + (o.small - 1) * page, samples,
+                       o.iterations) != 0)
         goto out;
     snprintf(label, sizeof(label), "refresh, 1 change (%u)", o.small);
     report(store, "refresh_1", label, samples, o.iterations);
-    if (time_refreshes(large, reader, large_seg, spare + page, samples, o.iterations) != 0)
+    if (time_refreshes(large, reader, large_seg, large_arena + (n - 1) * page, samples,
+                       o.iterations) != 0)
         goto out;
     snprintf(label, sizeof(label), "refresh, 1 change (%u)", o.registrations);
     report(store, "refresh", label, samples, o.iterations);
