@@ -369,7 +369,8 @@ static ferry_status_t merge(const ferry_descriptor_t *base, const net_change_t *
         size_t run = i;
         while (run < base->n_buffers && (c == n_net || base->buffers[run].addr < net[c].addr))
             run++;
-        memcpy(&desc->buffers[n], &base->buffers[i], (run - i) * sizeof(*desc->buffers));
+        if (run > i)
+            memcpy(&desc->buffers[n], &base->buffers[i], (run - i) * sizeof(*desc->buffers));
         n += run - i;
         i = run;
         if (c == n_net)

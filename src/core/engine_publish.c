@@ -234,8 +234,10 @@ static int make_step(ferry_engine_t *engine, uint64_t revision, ferry_desc_step_
     step->removed = pending->removed;
     pending->removed = NULL;
     pending->removed_capacity = 0;
-    qsort(step->removed, step->n_removed, sizeof(*step->removed), by_addr);
-    qsort(pending->added, pending->n_added, sizeof(*pending->added), by_entry_addr);
+    if (step->n_removed > 1)
+        qsort(step->removed, step->n_removed, sizeof(*step->removed), by_addr);
+    if (pending->n_added > 1)
+        qsort(pending->added, pending->n_added, sizeof(*pending->added), by_entry_addr);
     step->added = calloc(pending->n_added + 1, sizeof(*step->added));
     step->pool = ferry_desc_pool_new(NULL);
     if (step->added == NULL || step->pool == NULL)
