@@ -12,6 +12,7 @@
 
 #include "test_rng.h"
 #include "../src/core/core.h"
+#include "../src/rpc/rpc.h"
 
 #define PAGE 4096
 
@@ -146,4 +147,63 @@ Test(segment_refresh, a_peer_behind_the_log_gets_the_whole_descriptor, .timeout 
     ferry_engine_destroy(owner);
     free(regions);
     free(arena);
+}
+
+/* A FETCH with the optional fields, as an engine of this version sends it. */
+static char *fetch_with(const char *rpc, const ferry_rpc_fetch_t *m, size_t *length_p)
+{
+    ferry_wire_writer_t out = {0};
+    char *reply = NULL;
+    cr_assert_eq(ferry_rpc_fetch_since_write(&out, m), FERRY_OK);
+    cr_assert_eq(ferry_rpc_call(rpc, FERRY_RPC_FETCH, out.data, out.length, 2000, 1 << 20,
+                                (void **)&reply, length_p), FERRY_OK);
+    free(out.data);
+    return reply;
+}
+
+/* What an older engine sends (no accept bits) gets JSON, all it reads; an
+ * engine of this version gets the compact form, or the changes since. */
+Test(segment_refresh, the_owner_answers_each_reader_in_its_form, .timeout = 60)
+{
+    unsigned char *page;
+    cr_assert_eq(posix_memalign((void **)&page, PAGE, 2 * PAGE), 0);
+    ferry_engine_h owner = make_engine();
+    cr_assert_eq(ferry_register(owner, page, PAGE, "cpu", FERRY_REG_REMOTE), FERRY_OK);
+    const char *rpc = ferry_engine_segment_name(owner);
+    ferry_wire_writer_t old = {0};
+    cr_assert_eq(ferry_rpc_fetch_write(&old, "", "127.0.0.1:1"), FERRY_OK);
+    char *reply = NULL;
+    size_t length = 0;
+    cr_assert_eq(ferry_rpc_call(rpc, FERRY_RPC_FETCH, old.data, old.length, 2000, 1 << 20,
+                                (void **)&reply, &length), FERRY_OK);
+    cr_assert_eq(reply[0], '{', "%s", reply);
+    free(reply);
+    free(old.data);
+
+    ferry_descriptor_t *desc;
+    cr_assert_eq(ferry_engine_local_descriptor(ferry_engine_lookup(owner), &desc, NULL),
+                 FERRY_OK);
+    ferry_rpc_fetch_t m = {.from = "127.0.0.1:1", .accept = FERRY_RPC_ACCEPT_COMPACT};
+    reply = fetch_with(rpc, &m, &length);
+    cr_assert_eq(ferry_descriptor_text_form(reply, length), FERRY_DESC_FORM_COMPACT);
+    free(reply);
+
+    cr_assert_eq(ferry_register(owner, page + PAGE, PAGE, "cpu", FERRY_REG_REMOTE), FERRY_OK);
+    m.accept |= FERRY_RPC_ACCEPT_CHANGES;
+    m.generation = desc->generation;
+    m.revision = desc->revision;
+    reply = fetch_with(rpc, &m, &length);
+    cr_assert(strncmp(reply, FERRY_DESC_CHANGES_MAGIC, strlen(FERRY_DESC_CHANGES_MAGIC)) == 0,
+              "%s", reply);
+    cr_assert_not_null(strstr(reply, "steps 1\n"), "%s", reply);
+    free(reply);
+
+    /* another generation: the whole descriptor */
+    m.generation ^= 1;
+    reply = fetch_with(rpc, &m, &length);
+    cr_assert_eq(ferry_descriptor_text_form(reply, length), FERRY_DESC_FORM_COMPACT);
+    free(reply);
+    ferry_descriptor_unref(desc);
+    ferry_engine_destroy(owner);
+    free(page);
 }

@@ -115,7 +115,8 @@ static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
     }
     free(text);
     if (status == FERRY_ERR_DECODE) {
-        ferry_warn("segment \"%s\": its owner's changes do not apply; fetching it whole",
+        /* the decoder said why (once); fetching whole is the answer to it */
+        ferry_info("segment \"%s\": its owner's changes do not apply; fetching it whole",
                    held->name);
         return FERRY_ERR_UNSUPPORTED;
     }
