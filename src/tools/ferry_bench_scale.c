@@ -553,6 +553,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* Forked processes: refuse before forking them. */
+    if (!scale_coord_under_launcher() &&
+        (uint64_t)(opts.engines ? opts.engines : 8) * (uint64_t)opts.processes > 65536) {
+        fprintf(stderr, "ferry_bench_scale: at most 65536 engines in all\n");
+        return 2;
+    }
     scale_coord_t *coord;
     int failed = 0;
     int rc = scale_coord_start(&argc, &argv, opts.processes, 10 * opts.timeout_s, &coord,

@@ -18,6 +18,8 @@ typedef struct scale_coord scale_coord_t;
  * parent: a child that does not answer in time fails the run. */
 int scale_coord_start(int *argc_p, char ***argv_p, int processes, unsigned timeout_s,
                       scale_coord_t **coord_p, int *failed_p);
+/* Whether this process is a rank of an MPI launcher's job (its variables). */
+int scale_coord_under_launcher(void);
 int scale_coord_rank(const scale_coord_t *coord);
 int scale_coord_size(const scale_coord_t *coord);
 int scale_coord_is_mpi(const scale_coord_t *coord);

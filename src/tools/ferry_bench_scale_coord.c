@@ -194,7 +194,7 @@ static int fork_children(int processes, unsigned timeout_s, scale_coord_t *coord
     return 1;
 }
 
-static int under_mpi_launcher(void)
+int scale_coord_under_launcher(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
 }
@@ -208,7 +208,7 @@ int scale_coord_start(int *argc_p, char ***argv_p, int processes, unsigned timeo
     *coord_p = coord;
     coord->fd = -1;
 #ifdef FERRY_SCALE_MPI
-    if (under_mpi_launcher()) {
+    if (scale_coord_under_launcher()) {
         MPI_Init(argc_p, argv_p);
         MPI_Comm_rank(MPI_COMM_WORLD, &coord->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &coord->size);
@@ -218,7 +218,7 @@ int scale_coord_start(int *argc_p, char ***argv_p, int processes, unsigned timeo
 #else
     (void)argc_p;
     (void)argv_p;
-    if (under_mpi_launcher())
+    if (scale_coord_under_launcher())
         fprintf(stderr, "ferry_bench_scale: built without MPI: forking %d processes of its "
                 "own under this launcher\n", processes);
 #endif
