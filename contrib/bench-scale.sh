@@ -130,7 +130,8 @@ for store in $stores; do
         fi
         after=$(store_requests "$store")
         echo "## $store, $size engines ($shape)"
-        grep -v '^RESULT' "$out" | grep -v '^\[' | head -n 20
+        grep '^#' "$out"
+        grep -v '^[#[]' "$out" | grep -v '^RESULT' | head -n 5
         if ! grep -q '^RESULT' "$out" || [ "$(field failures "$out")" != 0 ]; then
             echo "# $store $size: FAILED (engine log lines: $(grep -c '^\[' "$out") in the run)"
             grep '^\[' "$out" | sed 's/^\[[0-9.]*\] ferry\[[0-9]*\] //' | sort | uniq -c |

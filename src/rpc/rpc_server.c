@@ -292,9 +292,9 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
         }
         conn->slot = server->n_conns;
         server->conns[server->n_conns++] = conn;
-        conn_rearm(server, conn);
         ferry_rpc_counter_add(FERRY_RPC_COUNT_ACCEPTED, 1);
         ferry_trace("RPC connection from %s", conn->peer);
+        conn_rearm(server, conn); /* queues its idle deadline (may close it: last) */
     }
 }
 
