@@ -9,13 +9,12 @@
  */
 #include <criterion/criterion.h>
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "service_process.h"
+#include "shell_run.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define PROCESSES 4
@@ -39,23 +38,8 @@ static void setup(void)
 
 TestSuite(many_ranks, .init = setup, .fini = service_cleanup_all, .timeout = 600);
 
-/* Run a shell command; stdout and stderr go to `output`.  Its exit status. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char command[4096], full[4200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(command, sizeof(command), fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof(full), "{ %s; } 2>&1", command);
-    FILE *pipe = popen(full, "r");
-    cr_assert_not_null(pipe);
-    size_t n = fread(output, 1, sizeof(output) - 1, pipe);
-    output[n] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+/* A shell command; its output (stdout and stderr) goes to `output`. */
+#define run(...) shell_run(output, sizeof(output), __VA_ARGS__)
 
 static const char *bench(void)
 {

@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "shell_run.h"
+
 #define OUTPUT_MAX (1 << 16)
 
 static char output[OUTPUT_MAX];
@@ -46,24 +48,8 @@ static void setup(void)
 
 TestSuite(mpi, .init = setup, .timeout = 300);
 
-/* Run a shell command; its output (stdout and stderr) goes to `output`. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char command[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(command, sizeof(command), fmt, ap);
-    va_end(ap);
-    char full[4200];
-    snprintf(full, sizeof(full), "{ %s; } 2>&1", command); /* the command's own 2> wins */
-    FILE *pipe = popen(full, "r");
-    cr_assert_not_null(pipe);
-    size_t n = fread(output, 1, sizeof(output) - 1, pipe);
-    output[n] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+/* A shell command; its output (stdout and stderr) goes to `output`. */
+#define run(...) shell_run(output, sizeof(output), __VA_ARGS__)
 
 static const char *builddir(void)
 {
