@@ -154,19 +154,7 @@ Test(many_ranks, pmix_all_to_all_under_mpirun)
     const char *mpirun = getenv("FERRY_MPIRUN");
     if (mpirun == NULL || *mpirun == '\0')
         cr_skip_test("mpirun is not installed");
-    /* MPI and PMIx keep memory until exit: only Ferry's leaks count. */
-    static char lsan[1200];
-    const char *srcdir = getenv("FERRY_SRCDIR");
-    snprintf(lsan, sizeof(lsan), "suppressions=%s/test/lsan-mpi.supp:print_suppressions=0",
-             srcdir ? srcdir : ".");
-    setenv("LSAN_OPTIONS", lsan, 1);
-    /* Full stacks, so that suppressions match frames under MPI's plugins
-     * (the fast unwinder stops at them: "<unknown module>"). */
-    static char asan[1200];
-    const char *given = getenv("ASAN_OPTIONS");
-    snprintf(asan, sizeof(asan), "%s%sfast_unwind_on_malloc=0", given ? given : "",
-             given && *given ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
+    shell_env_for_mpi_jobs();
     unsetenv("PMIX_NAMESPACE");
     unsetenv("PMIX_RANK");
     /* One rank per process as a job has them, each with two engines: the

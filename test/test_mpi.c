@@ -30,20 +30,7 @@ static void setup(void)
     unsetenv("FERRY_SEGMENT_NAME");
     /* Segment descriptors carry loopback addresses: one host. */
     setenv("FERRY_RPC_ADDRESS", "127.0.0.1", 1);
-    /* MPI and PMIx keep memory until exit; a sanitizer build reports only
-     * Ferry's own leaks. */
-    static char lsan[1200];
-    const char *srcdir = getenv("FERRY_SRCDIR");
-    snprintf(lsan, sizeof(lsan), "suppressions=%s/test/lsan-mpi.supp:print_suppressions=0",
-             srcdir ? srcdir : ".");
-    setenv("LSAN_OPTIONS", lsan, 1);
-    /* Full stacks, so that suppressions match frames under MPI's plugins
-     * (the fast unwinder stops at them: "<unknown module>"). */
-    static char asan[1200];
-    const char *given = getenv("ASAN_OPTIONS");
-    snprintf(asan, sizeof(asan), "%s%sfast_unwind_on_malloc=0", given ? given : "",
-             given && *given ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
+    shell_env_for_mpi_jobs();
 }
 
 TestSuite(mpi, .init = setup, .timeout = 300);
