@@ -485,8 +485,9 @@ static ferry_status_t decode_transports(const json_t *root, ferry_descriptor_t *
         if (name[0] == '\0')
             return ferry_desc_decode_bad("transports", "", "empty transport name");
         if (strlen(name) > DESC_MAX_STRING)
-            return ferry_desc_decode_bad("transports", "", "transport name longer than %zu bytes",
-                              DESC_MAX_STRING);
+            return ferry_desc_decode_bad("transports", "",
+                                         "transport name longer than %zu bytes",
+                                         DESC_MAX_STRING);
         ferry_status_t status = get_string_copy(object, "transports", name,
                                                 &desc->transports[t].endpoint);
         if (status != FERRY_OK)
