@@ -21,21 +21,24 @@ iterations=${ITERATIONS:-20}
 stores=${STORES:-p2p redis etcd http}
 export FERRY_TRANSPORTS=tcp
 work=$(mktemp -d)
-pids=""
 cleanup() {
-    for pid in $pids; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    if [ -f "$work/pids" ]; then
+        while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/pids"
+    fi
+    sleep 1
     rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
 
+# Starts the store's server (its pid appended to $work/pids: this runs in a
+# command substitution's subshell) and prints the URI.
 uri_of() {
     case $1 in
     p2p) echo p2p ;;
     redis)
         port=$(free_port)
         redis-server --port "$port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
-        pids="$pids $!"
+        echo $! >>"$work/pids"
         sleep 1
         echo "redis://127.0.0.1:$port" ;;
     etcd)
@@ -46,13 +49,13 @@ uri_of() {
             --advertise-client-urls "http://127.0.0.1:$port" \
             --listen-peer-urls "http://127.0.0.1:$peer" \
             --max-request-bytes 134217728 >"$work/etcd.log" 2>&1 &
-        pids="$pids $!"
+        echo $! >>"$work/pids"
         sleep 2
         echo "etcd://127.0.0.1:$port" ;;
     http)
         port=$(free_port)
         "$new/ferry_metad" --listen="127.0.0.1:$port" >"$work/metad.log" 2>&1 &
-        pids="$pids $!"
+        echo $! >>"$work/pids"
         sleep 1
         echo "http://127.0.0.1:$port/metadata" ;;
     esac
