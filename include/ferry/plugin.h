@@ -362,7 +362,41 @@ typedef struct ferry_metadata_ops {
     ferry_status_t (*remove)(void *ctx, const char *name);
     /* Optional: the segment name to use when the user chose none. */
     ferry_status_t (*default_name)(void *ctx, char **name_p);
+    /*
+     * Optional, both or neither (found through size, FERRY_METADATA_OPS_HAS:
+     * an older plugin lacks them and its readers fetch whole): change
+     * records beside the descriptor, so that a reader holding revision v
+     * reads only what changed since (doc/metadata.md, "Incremental
+     * refresh").  The records are opaque texts to the store.
+     *
+     * publish_changes comes just before the publish of the descriptor at
+     * `revision` (generation's): `text` is the record that leads from
+     * revision - 1 to it, or NULL when there is none (a reader at an
+     * older revision must fetch whole).  The store keeps it with the
+     * descriptor's lifetime (lease, expiry), writes it no later than that
+     * descriptor, and records `revision` as the newest; records below
+     * `oldest` may go.  A store that loses its records (restart, a write
+     * that failed) must not let a reader mistake the loss for "nothing
+     * changed": it writes the newest revision again with no record.
+     *
+     * fetch_changes: the newest revision the store knows for that
+     * segment, its generation, and the records it holds of revisions
+     * above `since` and up to the newest, ascending (*records_p and each
+     * text malloc-ed; the caller checks that none is missing).
+     * FERRY_ERR_SEGMENT_NOT_FOUND: the store knows no newest revision.
+     */
+    ferry_status_t (*publish_changes)(void *ctx, const char *name, uint64_t generation,
+                                      uint64_t revision, uint64_t oldest, const char *text);
+    ferry_status_t (*fetch_changes)(void *ctx, const char *name, uint64_t since,
+                                    uint64_t *generation_p, uint64_t *newest_p,
+                                    char ***records_p, size_t *count_p);
 } ferry_metadata_ops_t;
+
+/* Whether a metadata ops table (maybe of an older plugin, hence shorter)
+ * has the optional member. */
+#define FERRY_METADATA_OPS_HAS(ops, member)                                              \
+    ((ops)->size >= offsetof(ferry_metadata_ops_t, member) + sizeof((ops)->member) &&    \
+     (ops)->member != NULL)
 
 /* ---- the plugin ---- */
 

@@ -179,6 +179,11 @@ typedef struct ferry_descriptor {
     /* Whether its owner serves this same descriptor (confirm.c):
      * FERRY_DESC_UNCONFIRMED until asked. */
     atomic_int confirmed;
+    /* confirm.c's lock: a confirmed descriptor of the same generation this
+     * one was made from by a store's change records (referenced), so that
+     * the owner confirms it by its changes since that one instead of its
+     * whole text; NULL once used, or when there is none. */
+    struct ferry_descriptor *confirm_base;
 } ferry_descriptor_t;
 
 enum {
@@ -503,6 +508,9 @@ struct ferry_engine {
     uint64_t published_epoch;    /* entries registered up to here are published */
     uint64_t register_epoch;     /* last epoch handed out */
     ferry_desc_pending_t pending;
+    /* register_lock: the last revision whose change record a shared store
+     * took (publish_changes); 0: none. */
+    uint64_t store_revision;
 
     struct ferry_rpc_server *rpc_server;
     /* Set (release) once create has built everything: the RPC server runs
@@ -612,6 +620,11 @@ int ferry_engine_select_transport(ferry_engine_t *engine, const ferry_descriptor
  * RPC once per descriptor (which makes us its subscriber); a one-sided
  * transport uses only confirmed descriptors. */
 int ferry_engine_descriptor_confirmed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
+/* desc was made from held by a shared store's change records: the
+ * confirmed descriptor behind held (held itself, or its base) becomes
+ * desc's confirm_base.  desc is not shared yet. */
+void ferry_engine_confirm_base_pass(ferry_engine_t *engine, const ferry_descriptor_t *held,
+                                    ferry_descriptor_t *desc);
 /* The peer as a transport sees it, from desc and its transport index. */
 void ferry_engine_make_peer(const ferry_engine_t *engine, const ferry_descriptor_t *desc,
                             int desc_transport, ferry_peer_t *peer);

@@ -90,6 +90,8 @@ static void descriptor_free(ferry_descriptor_t *desc)
     }
     free(desc->buffers);
     ferry_desc_pool_unref(desc->pool);
+    if (desc->confirm_base != NULL) /* the last holder: no one else reads it */
+        ferry_descriptor_unref(desc->confirm_base);
     for (size_t t = 0; t < desc->n_transports; t++) {
         free(desc->transports[t].name);
         free(desc->transports[t].endpoint);

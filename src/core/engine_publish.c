@@ -402,6 +402,45 @@ ferry_status_t ferry_engine_changes_text(ferry_engine_t *engine, uint64_t genera
     return status;
 }
 
+/*
+ * A shared store that keeps change records (plugin.h, publish_changes)
+ * gets the newest step before the descriptor, so a reader at the revision
+ * before reads that step and not the descriptor.  No record (NULL) when the
+ * step is not in the log (a bulk registration emptied it) or the store
+ * missed a revision.  Only for the compact form: a JSON descriptor carries
+ * no revision, so no reader would ever ask.  Caller holds register_lock
+ * (store_revision).
+ */
+static ferry_status_t publish_store_changes(ferry_engine_t *engine)
+{
+    if (engine->publish_form != FERRY_DESC_FORM_COMPACT ||
+        !FERRY_METADATA_OPS_HAS(engine->metadata, publish_changes))
+        return FERRY_OK;
+    char *text = NULL;
+    ferry_status_t status = FERRY_OK;
+    pthread_mutex_lock(&engine->published_lock);
+    uint64_t revision = engine->revision, oldest = engine->changes.from + 1;
+    const ferry_desc_changes_t *log = &engine->changes;
+    if (revision == engine->store_revision) {
+        pthread_mutex_unlock(&engine->published_lock);
+        return FERRY_OK;
+    }
+    if (engine->store_revision + 1 == revision && log->n_steps > 0 &&
+        log->steps[log->n_steps - 1].revision == revision) {
+        ferry_desc_changes_t newest = log_since(engine, revision - 1);
+        status = ferry_desc_changes_encode(&newest, revision - 1, &text, NULL);
+    }
+    pthread_mutex_unlock(&engine->published_lock);
+    if (status == FERRY_OK)
+        status = engine->metadata->publish_changes(engine->metadata_ctx, engine->name,
+                                                   engine->generation, revision, oldest, text);
+    /* Not stored: the next one goes without a record, and readers behind
+     * it fetch whole. */
+    engine->store_revision = status == FERRY_OK ? revision : 0;
+    free(text);
+    return status;
+}
+
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
 {
     publish_changes(engine);
@@ -409,9 +448,12 @@ ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
      * would make n registrations cost O(n^2). */
     if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
         return FERRY_OK;
+    ferry_status_t status = publish_store_changes(engine);
+    if (status != FERRY_OK)
+        return status;
     char *text;
     size_t length;
-    ferry_status_t status = ferry_engine_local_text(engine, engine->publish_form, &text, &length);
+    status = ferry_engine_local_text(engine, engine->publish_form, &text, &length);
     if (status != FERRY_OK)
         return status;
     status = engine->metadata->publish(engine->metadata_ctx, engine->name, text);

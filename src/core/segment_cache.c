@@ -125,6 +125,85 @@ static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
     return status;
 }
 
+/* The records, decoded, as one change set from `since`: its steps taken
+ * from each record's set (their pools go along).  FERRY_ERR_UNSUPPORTED:
+ * one is missing or of another generation (the caller fetches whole). */
+static ferry_status_t merge_records(char **records, size_t count, uint64_t generation,
+                                    uint64_t since, size_t n_transports,
+                                    ferry_desc_changes_t *merged)
+{
+    ferry_desc_changes_init(merged, generation, since, n_transports);
+    merged->steps = calloc(count + 1, sizeof(*merged->steps));
+    if (merged->steps == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = FERRY_OK;
+    for (size_t i = 0; i < count && status == FERRY_OK; i++) {
+        ferry_desc_changes_t record;
+        status = ferry_desc_changes_decode(records[i], strlen(records[i]), &record);
+        if (status != FERRY_OK)
+            break; /* the decoder logged it */
+        if (record.generation != generation || record.from != since + i ||
+            record.n_steps != 1 || record.n_transports != n_transports) {
+            status = FERRY_ERR_UNSUPPORTED;
+        } else {
+            ferry_desc_step_t *step = &merged->steps[merged->n_steps++];
+            *step = record.steps[0];
+            if (step->pool == NULL) { /* its strings are in the record's pool */
+                step->pool = record.pool;
+                record.pool = NULL;
+            }
+            record.n_steps = 0;
+        }
+        ferry_desc_changes_fini(&record);
+    }
+    return status;
+}
+
+/*
+ * Refresh of a descriptor we hold through a shared store's change records
+ * (plugin.h, fetch_changes): one request for the records since our
+ * revision, applied like the owner's changes.  FERRY_ERR_UNSUPPORTED: not
+ * possible (an older plugin, no revision, a record missing, another
+ * generation): the caller fetches whole.
+ */
+static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
+                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p)
+{
+    if (!FERRY_METADATA_OPS_HAS(engine->metadata, fetch_changes) || held->revision == 0)
+        return FERRY_ERR_UNSUPPORTED;
+    uint64_t generation = 0, newest = 0;
+    char **records = NULL;
+    size_t count = 0;
+    ferry_status_t status = engine->metadata->fetch_changes(
+        engine->metadata_ctx, name, held->revision, &generation, &newest, &records, &count);
+    if (status == FERRY_OK && (generation != held->generation || newest < held->revision ||
+                               count != newest - held->revision)) {
+        ferry_debug("segment \"%s\": the store's change records do not lead from revision "
+                    "%llu to %llu (%zu held); fetching it whole", name,
+                    (unsigned long long)held->revision, (unsigned long long)newest, count);
+        status = FERRY_ERR_UNSUPPORTED;
+    }
+    ferry_desc_changes_t merged = {0};
+    if (status == FERRY_OK && count == 0) {
+        *desc_p = ferry_descriptor_ref((ferry_descriptor_t *)held); /* nothing changed */
+    } else if (status == FERRY_OK) {
+        status = merge_records(records, count, generation, held->revision, held->n_transports,
+                               &merged);
+        if (status == FERRY_OK)
+            status = ferry_descriptor_apply(held, &merged, desc_p);
+        ferry_desc_changes_fini(&merged);
+    }
+    for (size_t i = 0; i < count; i++)
+        free(records[i]);
+    free(records);
+    if (status == FERRY_OK)
+        return FERRY_OK;
+    if (status == FERRY_ERR_DECODE)
+        ferry_info("segment \"%s\": its change records do not apply; fetching it whole", name);
+    /* The store logged its own failures; the whole fetch says what is wrong. */
+    return status == FERRY_ERR_NO_MEMORY ? status : FERRY_ERR_UNSUPPORTED;
+}
+
 static ferry_descriptor_t *local_descriptor(ferry_engine_t *engine)
 {
     ferry_descriptor_t *desc;
@@ -248,6 +327,12 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         status = (desc = local_descriptor(engine)) ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
     else if (held != NULL)
         status = fetch_changes(engine, segment->name, held, &desc);
+    if (status == FERRY_ERR_UNSUPPORTED && held != NULL && !segment->is_local &&
+        !(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)) {
+        status = store_changes(engine, segment->name, held, &desc);
+        if (status == FERRY_OK && desc != held)
+            ferry_engine_confirm_base_pass(engine, held, desc);
+    }
     if (status == FERRY_ERR_UNSUPPORTED)
         status = fetch_descriptor(engine, segment->name, &desc);
     if (held != NULL)

@@ -6,6 +6,7 @@
  *   etcd_plugin.c  the store: publish, fetch, remove, the lease keeper
  *   etcd_client.c  endpoints with failover, authentication, JSON calls, base64
  *   etcd_watch.c   the watch on the segment prefix that invalidates caches
+ *   etcd_changes.c change records beside the descriptor (incremental refresh)
  *
  * Each engine attaches its key to a lease of FERRY_ETCD_TTL that a
  * background thread keeps alive, so a killed process's segment disappears
@@ -18,6 +19,7 @@
 
 #include "../keys.h"
 #include "../md_curl.h"
+#include "../md_records.h"
 
 #include <jansson.h>
 #include <stdatomic.h>
@@ -77,6 +79,7 @@ typedef struct etcd_store {
     int64_t lease;             /* put_lock; 0: none granted */
     unsigned lease_ttl_ms;     /* put_lock; what etcd granted */
     ferry_md_newest_t newest;
+    ferry_md_records_t records; /* written with the newest descriptor */
     ferry_md_health_t health;
     ferry_md_worker_t keeper;
     int keeper_was_down;       /* keeper thread only */
@@ -128,6 +131,21 @@ ferry_status_t ferry_etcd_unb64(const char *text, char **data_p, size_t *length_
 int64_t ferry_etcd_int(const json_t *object, const char *field);
 /* range_end that covers every key starting with prefix (malloc-ed). */
 char *ferry_etcd_prefix_end(const char *prefix, size_t length, size_t *end_length_p);
+
+/* etcd_changes.c */
+/* One transaction: batch's records, its head and the descriptor under key,
+ * on store->lease (caller holds put_lock); a restart deletes the old
+ * records first. */
+ferry_status_t ferry_etcd_put_with_changes(etcd_store_t *store, const char *key,
+                                           const char *descriptor,
+                                           const ferry_md_records_batch_t *batch,
+                                           etcd_error_t *error);
+/* The fetch_changes op (include/ferry/plugin.h). */
+ferry_status_t ferry_etcd_fetch_changes(void *ctx, const char *name, uint64_t since,
+                                        uint64_t *generation_p, uint64_t *newest_p,
+                                        char ***records_p, size_t *count_p);
+/* Delete every record of key (the segment is removed). */
+void ferry_etcd_delete_changes(etcd_store_t *store, const char *key);
 
 /* etcd_watch.c */
 ferry_status_t ferry_etcd_watch_start(etcd_store_t *store);

@@ -80,6 +80,20 @@ static ferry_status_t put(etcd_store_t *store, const char *key, const char *desc
     return status;
 }
 
+/* The descriptor alone, or with the change records waiting (etcd_changes.c). */
+static ferry_status_t put_descriptor(etcd_store_t *store, const char *key,
+                                     const char *descriptor, etcd_error_t *error)
+{
+    ferry_md_records_batch_t batch;
+    if (!ferry_md_records_take(&store->records, &batch))
+        return put(store, key, descriptor, error);
+    ferry_status_t status = ferry_etcd_put_with_changes(store, key, descriptor, &batch, error);
+    if (status == FERRY_OK)
+        ferry_md_records_written(&store->records, &batch);
+    ferry_md_records_batch_fini(&batch);
+    return status;
+}
+
 /* Store the newest descriptor under our lease; caller holds put_lock. */
 static ferry_status_t put_newest_locked(etcd_store_t *store, etcd_error_t *error)
 {
@@ -92,16 +106,18 @@ static ferry_status_t put_newest_locked(etcd_store_t *store, etcd_error_t *error
     if (status == FERRY_OK)
         status = ensure_lease(store, error);
     if (status == FERRY_OK) {
-        status = put(store, key, descriptor, error);
+        status = put_descriptor(store, key, descriptor, error);
         if (status != FERRY_OK && error->code == ETCD_CODE_NOT_FOUND) {
             /* etcd no longer has our lease (expired while we were away, or
-             * etcd lost its data): a new one, then the same put. */
+             * etcd lost its data): a new one, then the same put.  The
+             * records on the old lease went with it. */
             ferry_info("etcd %s: lease %llx is gone; granting a new one", store->uri,
                        (unsigned long long)store->lease);
             store->lease = 0;
+            ferry_md_records_lost(&store->records);
             status = ensure_lease(store, error);
             if (status == FERRY_OK)
-                status = put(store, key, descriptor, error);
+                status = put_descriptor(store, key, descriptor, error);
         }
     }
     if (status == FERRY_OK)
@@ -150,6 +166,14 @@ static ferry_status_t etcd_publish(void *ctx, const char *name, const char *desc
     return status;
 }
 
+static ferry_status_t etcd_publish_changes(void *ctx, const char *name, uint64_t generation,
+                                           uint64_t revision, uint64_t oldest, const char *text)
+{
+    (void)name; /* one segment per store: publish names it */
+    etcd_store_t *store = ctx;
+    return ferry_md_records_add(&store->records, generation, revision, oldest, text);
+}
+
 static ferry_status_t etcd_fetch(void *ctx, const char *name, char **descriptor_p)
 {
     etcd_store_t *store = ctx;
@@ -189,9 +213,12 @@ static ferry_status_t etcd_remove(void *ctx, const char *name)
     etcd_error_t error;
     json_t *reply = NULL;
     pthread_mutex_lock(&store->put_lock); /* after any put in flight */
+    ferry_md_records_clear(&store->records);
     status = ferry_etcd_call(store, "/v3/kv/deleterange",
                              json_pack("{s:o}", "key", ferry_etcd_b64(key, strlen(key))), &reply,
                              &error);
+    if (status == FERRY_OK)
+        ferry_etcd_delete_changes(store, key);
     pthread_mutex_unlock(&store->put_lock);
     free(key);
     json_decref(reply);
@@ -247,6 +274,7 @@ static unsigned etcd_keeper_tick(void *arg)
                        (unsigned long long)store->lease);
             store->lease = 0;
             ferry_md_newest_lost(&store->newest);
+            ferry_md_records_lost(&store->records);
         }
     }
     int republish = ferry_md_newest_pending(&store->newest);
@@ -284,6 +312,7 @@ static void etcd_free(etcd_store_t *store)
     ferry_md_curl_fini(&store->curl);
     ferry_md_keys_fini(&store->keys);
     ferry_md_newest_fini(&store->newest);
+    ferry_md_records_fini(&store->records);
     ferry_md_health_fini(&store->health);
     pthread_mutex_destroy(&store->auth_lock);
     pthread_mutex_destroy(&store->put_lock);
@@ -313,6 +342,7 @@ static ferry_status_t etcd_create(const ferry_metadata_services_t *svc, const ch
     pthread_mutex_init(&store->put_lock, NULL);
     pthread_mutex_init(&store->own_lock, NULL);
     ferry_md_newest_init(&store->newest);
+    ferry_md_records_init(&store->records);
     ferry_md_health_init(&store->health);
     if (store->settings.retry_ms == 0)
         store->settings.retry_ms = 1;
@@ -373,6 +403,8 @@ static const ferry_metadata_ops_t etcd_ops = {
     .publish = etcd_publish,
     .fetch = etcd_fetch,
     .remove = etcd_remove,
+    .publish_changes = etcd_publish_changes,
+    .fetch_changes = ferry_etcd_fetch_changes,
 };
 
 static const ferry_plugin_t etcd_plugin = {

@@ -9,9 +9,24 @@
  * Connections are pooled; the pool lock is held only to take or give back a
  * connection.  A pooled connection that fails (the server restarted since it
  * was opened) is dropped and the command retried once on a new connection.
+ *
+ * Change records (md_records.h): one sorted set per segment, K/changes/log
+ * beside the segment's key K (the '/' makes it no segment key of the
+ * layout), holding the records scored by revision and the head
+ * "head:<hex generation>" scored by the newest revision, with the
+ * descriptor's expiry.  One key rather than one per revision: a reader
+ * gets the records above its revision and the head with one
+ * ZRANGEBYSCORE (per-revision keys would need the newest revision first,
+ * for an MGET), and the keeper renews one more key, not hundreds.  A
+ * write is one pipeline: DEL (restart), ZADD of the records and the head
+ * (one command, so no reader sees the head without them), ZREMRANGEBYSCORE
+ * (old records), PEXPIRE, then the SET of the descriptor.
  */
 #include "../keys.h"
+#include "../md_records.h"
 #include "redis.h"
+
+#include <inttypes.h>
 
 #include <errno.h>
 #include <stdio.h>
@@ -60,6 +75,7 @@ typedef struct redis_store {
     pthread_mutex_t put_lock; /* serializes writes of our key: an older
                                * descriptor never overwrites a newer one */
     ferry_md_newest_t newest;
+    ferry_md_records_t records; /* written with the newest descriptor */
     ferry_md_health_t health;
     ferry_md_worker_t worker;
     int was_down;             /* worker thread only */
@@ -257,6 +273,172 @@ static ferry_status_t command(redis_store_t *store, int argc, const char **argv,
     }
 }
 
+/*
+ * Commands in one round trip, replies[] filled (each to be freed).
+ * FERRY_OK when redis answered all of them (error replies included).
+ */
+static ferry_status_t pipeline(redis_store_t *store, size_t n, const int *argcs,
+                               const char *const *const *argvs, const size_t *const *lengths,
+                               redisReply **replies, char *why, size_t whylen)
+{
+    for (;;) {
+        int reused;
+        redisContext *c = take(store, &reused, why, whylen);
+        if (c == NULL)
+            return FERRY_ERR_METADATA;
+        size_t got = 0;
+        int sent = 1;
+        for (size_t i = 0; i < n && sent; i++)
+            sent = redisAppendCommandArgv(c, argcs[i], (const char **)argvs[i], lengths[i]) ==
+                   REDIS_OK;
+        while (sent && got < n && redisGetReply(c, (void **)&replies[got]) == REDIS_OK &&
+               replies[got] != NULL)
+            got++;
+        if (got == n && !c->err) {
+            give_back(store, c);
+            return FERRY_OK;
+        }
+        snprintf(why, whylen, "%s", c->err ? c->errstr : "no reply");
+        for (size_t i = 0; i < got; i++)
+            freeReplyObject(replies[i]);
+        redisFree(c);
+        if (!reused)
+            return FERRY_ERR_METADATA;
+    }
+}
+
+static char *log_key(const char *key)
+{
+    return ferry_md_strcat3(key, "/changes/log", "");
+}
+
+/* Up to 5 commands: DEL, ZADD, ZREMRANGEBYSCORE, PEXPIRE of the log, SET. */
+typedef struct redis_write {
+    size_t n;
+    int argcs[5];
+    const char **argvs[5];
+    size_t *lengths[5];
+    const char *del[2], *prune[4], *expire[3];
+    const char **zadd;           /* malloc-ed */
+    char (*scores)[24];          /* the records' revisions, malloc-ed */
+    char *log;
+    char newest[24], prune_below[24], head[64];
+} redis_write_t;
+
+static int write_add(redis_write_t *w, int argc, const char **argv)
+{
+    size_t *lengths = malloc((size_t)argc * sizeof(*lengths));
+    if (lengths == NULL)
+        return 0;
+    for (int i = 0; i < argc; i++)
+        lengths[i] = strlen(argv[i]);
+    w->argcs[w->n] = argc;
+    w->argvs[w->n] = argv;
+    w->lengths[w->n++] = lengths;
+    return 1;
+}
+
+static void write_fini(redis_write_t *w)
+{
+    for (size_t i = 0; i < w->n; i++)
+        free(w->lengths[i]);
+    free(w->zadd);
+    free(w->scores);
+    free(w->log);
+}
+
+/* The change log's part of a write of batch: restart, records and head,
+ * pruning, expiry. */
+static int write_changes(redis_write_t *w, const char *key, const char *ttl,
+                         const ferry_md_records_batch_t *batch)
+{
+    size_t argc = 2 + 2 * (batch->n_records + 1);
+    w->log = log_key(key);
+    w->zadd = malloc(argc * sizeof(*w->zadd));
+    w->scores = malloc((batch->n_records + 1) * sizeof(*w->scores));
+    if (w->log == NULL || w->zadd == NULL || w->scores == NULL)
+        return 0;
+    w->del[0] = "DEL";
+    w->del[1] = w->log;
+    if (batch->restart && !write_add(w, 2, w->del))
+        return 0;
+    w->zadd[0] = "ZADD";
+    w->zadd[1] = w->log;
+    for (size_t i = 0; i < batch->n_records; i++) {
+        snprintf(w->scores[i], sizeof(w->scores[i]), "%" PRIu64, batch->records[i].revision);
+        w->zadd[2 + 2 * i] = w->scores[i];
+        w->zadd[3 + 2 * i] = batch->records[i].text;
+    }
+    snprintf(w->newest, sizeof(w->newest), "%" PRIu64, batch->newest);
+    snprintf(w->head, sizeof(w->head), FERRY_REDIS_HEAD "%" PRIx64, batch->generation);
+    w->zadd[argc - 2] = w->newest;
+    w->zadd[argc - 1] = w->head;
+    if (!write_add(w, (int)argc, w->zadd))
+        return 0;
+    snprintf(w->prune_below, sizeof(w->prune_below), "(%" PRIu64, batch->prune_below);
+    w->prune[0] = "ZREMRANGEBYSCORE";
+    w->prune[1] = w->log;
+    w->prune[2] = "-inf";
+    w->prune[3] = w->prune_below;
+    if (batch->prune_below != 0 && !write_add(w, 4, w->prune))
+        return 0;
+    w->expire[0] = "PEXPIRE";
+    w->expire[1] = w->log;
+    w->expire[2] = ttl;
+    return write_add(w, 3, w->expire);
+}
+
+/* The descriptor (argv: its SET), after the change records waiting. */
+static ferry_status_t set_with_changes(redis_store_t *store, const char *key, const char **set,
+                                       redisReply **set_reply_p, char *why, size_t whylen)
+{
+    ferry_md_records_batch_t batch;
+    int changes = ferry_md_records_take(&store->records, &batch);
+    redis_write_t w = {0};
+    redisReply *replies[5] = {0};
+    ferry_status_t status = FERRY_OK;
+    if (changes && !write_changes(&w, key, set[4], &batch)) {
+        snprintf(why, whylen, "out of memory");
+        status = FERRY_ERR_NO_MEMORY;
+    }
+    if (status == FERRY_OK && !write_add(&w, 5, set)) {
+        snprintf(why, whylen, "out of memory");
+        status = FERRY_ERR_NO_MEMORY;
+    }
+    if (status == FERRY_OK)
+        status = pipeline(store, w.n, w.argcs, (const char *const *const *)w.argvs,
+                          (const size_t *const *)w.lengths, replies, why, whylen);
+    int log_failed = 0;
+    if (status == FERRY_OK) {
+        for (size_t i = 0; i + 1 < w.n; i++) {
+            if (replies[i]->type == REDIS_REPLY_ERROR && !log_failed) {
+                ferry_warn("redis %s: the change log %s refused a write (%s); readers fetch "
+                           "whole descriptors until it takes one", store->where, w.log,
+                           replies[i]->str);
+                log_failed = 1;
+            }
+            freeReplyObject(replies[i]);
+        }
+        *set_reply_p = replies[w.n - 1];
+    }
+    if (log_failed) {
+        /* The descriptor went on without its records: no head may stay
+         * that says "nothing changed" to a reader behind it. */
+        const char *argv[] = {"DEL", w.log};
+        size_t lengths[] = {3, strlen(w.log)};
+        redisReply *reply = NULL;
+        if (command(store, 2, argv, lengths, &reply, why, whylen) == FERRY_OK)
+            freeReplyObject(reply);
+        ferry_md_records_lost(&store->records);
+    } else if (changes && status == FERRY_OK && ferry_redis_reply_ok(*set_reply_p, why, whylen)) {
+        ferry_md_records_written(&store->records, &batch);
+    }
+    write_fini(&w);
+    if (changes)
+        ferry_md_records_batch_fini(&batch);
+    return status;
+}
+
 /* ---- operations ---- */
 
 static ferry_status_t set_newest(redis_store_t *store, int quiet)
@@ -274,8 +456,7 @@ static ferry_status_t set_newest(redis_store_t *store, int quiet)
     if (status == FERRY_OK) {
         snprintf(ttl, sizeof(ttl), "%u", store->settings.ttl_ms ? store->settings.ttl_ms : 1);
         const char *argv[] = {"SET", key, descriptor, "PX", ttl};
-        size_t lengths[] = {3, strlen(key), strlen(descriptor), 2, strlen(ttl)};
-        status = command(store, 5, argv, lengths, &reply, why, sizeof(why));
+        status = set_with_changes(store, key, argv, &reply, why, sizeof(why));
         reached = status == FERRY_OK;
         if (status == FERRY_OK && ferry_redis_reply_ok(reply, why, sizeof(why)))
             ferry_md_newest_stored(&store->newest, version);
@@ -341,6 +522,60 @@ static ferry_status_t redis_fetch(void *ctx, const char *name, char **descriptor
     return status;
 }
 
+static ferry_status_t redis_publish_changes(void *ctx, const char *name, uint64_t generation,
+                                            uint64_t revision, uint64_t oldest,
+                                            const char *text)
+{
+    (void)name; /* one segment per store: publish names it */
+    redis_store_t *store = ctx;
+    return ferry_md_records_add(&store->records, generation, revision, oldest, text);
+}
+
+/* What the log may hold above a reader: the pending bound and the records
+ * kept between two prunes. */
+#define FETCH_MAX (FERRY_MD_RECORDS_PENDING_MAX + FERRY_MD_RECORDS_PRUNE_EVERY)
+
+static ferry_status_t redis_fetch_changes(void *ctx, const char *name, uint64_t since,
+                                          uint64_t *generation_p, uint64_t *newest_p,
+                                          char ***records_p, size_t *count_p)
+{
+    redis_store_t *store = ctx;
+    char *key, *log = NULL, why[256] = "", from[24];
+    *records_p = NULL;
+    *count_p = 0;
+    ferry_status_t status = ferry_md_key(&store->keys, name, &key);
+    if (status != FERRY_OK)
+        return status;
+    char **records = calloc(FETCH_MAX, sizeof(*records));
+    if (records == NULL || (log = log_key(key)) == NULL) {
+        free(records);
+        free(key);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    /* from `since` itself: the head is there when nothing changed */
+    snprintf(from, sizeof(from), "%" PRIu64, since);
+    const char *argv[] = {"ZRANGEBYSCORE", log, from, "+inf", "WITHSCORES"};
+    size_t lengths[] = {13, strlen(log), strlen(from), 4, 10};
+    redisReply *reply = NULL;
+    status = command(store, 5, argv, lengths, &reply, why, sizeof(why));
+    if (status == FERRY_OK) {
+        status = ferry_redis_changes(reply, since, generation_p, newest_p, records, FETCH_MAX,
+                                     count_p, why, sizeof(why));
+        freeReplyObject(reply);
+    }
+    if (status == FERRY_OK) {
+        *records_p = records;
+    } else {
+        if (status != FERRY_ERR_SEGMENT_NOT_FOUND)
+            ferry_error("redis %s: cannot fetch the changes of segment \"%s\": %s",
+                        store->where, name, why);
+        free(records);
+    }
+    free(log);
+    free(key);
+    return status;
+}
+
 static ferry_status_t redis_remove(void *ctx, const char *name)
 {
     redis_store_t *store = ctx;
@@ -349,12 +584,15 @@ static ferry_status_t redis_remove(void *ctx, const char *name)
     ferry_status_t status = ferry_md_key(&store->keys, name, &key);
     if (status != FERRY_OK)
         return status;
-    const char *argv[] = {"DEL", key};
-    size_t lengths[] = {3, strlen(key)};
+    char *log = log_key(key);
+    const char *argv[] = {"DEL", key, log};
+    size_t lengths[] = {3, strlen(key), log ? strlen(log) : 0};
     redisReply *reply = NULL;
     pthread_mutex_lock(&store->put_lock); /* after any SET in flight */
-    status = command(store, 2, argv, lengths, &reply, why, sizeof(why));
+    ferry_md_records_clear(&store->records);
+    status = command(store, log ? 3 : 2, argv, lengths, &reply, why, sizeof(why));
     pthread_mutex_unlock(&store->put_lock);
+    free(log);
     free(key);
     if (status != FERRY_OK) {
         ferry_warn("redis %s: cannot delete segment \"%s\" (it expires by itself): %s",
@@ -375,13 +613,22 @@ static int renew(redis_store_t *store)
     int result = -1;
     if (ferry_md_key(&store->keys, name, &key) == FERRY_OK) {
         snprintf(ttl, sizeof(ttl), "%u", store->settings.ttl_ms ? store->settings.ttl_ms : 1);
-        const char *argv[] = {"PEXPIRE", key, ttl};
-        size_t lengths[] = {7, strlen(key), strlen(ttl)};
-        redisReply *reply = NULL;
-        if (command(store, 3, argv, lengths, &reply, why, sizeof(why)) == FERRY_OK) {
-            result = ferry_redis_renewed(reply);
-            freeReplyObject(reply);
+        /* the change log beside it, in the same round trip */
+        char *log = log_key(key);
+        const char *descriptor_argv[] = {"PEXPIRE", key, ttl}, *log_argv[] = {"PEXPIRE", log, ttl};
+        size_t descriptor_lengths[] = {7, strlen(key), strlen(ttl)};
+        size_t log_lengths[] = {7, log ? strlen(log) : 0, strlen(ttl)};
+        const int argcs[] = {3, 3};
+        const char *const *argvs[] = {descriptor_argv, log_argv};
+        const size_t *const lengths[] = {descriptor_lengths, log_lengths};
+        redisReply *replies[2];
+        if (log != NULL && pipeline(store, 2, argcs, argvs, lengths, replies, why,
+                                    sizeof(why)) == FERRY_OK) {
+            result = ferry_redis_renewed(replies[0]);
+            freeReplyObject(replies[0]);
+            freeReplyObject(replies[1]);
         }
+        free(log);
         free(key);
     }
     free(name);
@@ -408,6 +655,7 @@ static unsigned redis_tick(void *arg)
             ferry_info("redis %s lost this engine's segment (restart or expiry); "
                        "republishing", store->where);
             ferry_md_newest_lost(&store->newest);
+            ferry_md_records_lost(&store->records);
             republish = 1;
         }
     }
@@ -434,6 +682,7 @@ static void redis_free(redis_store_t *store)
         redisFree(store->idle[i]);
     ferry_md_keys_fini(&store->keys);
     ferry_md_newest_fini(&store->newest);
+    ferry_md_records_fini(&store->records);
     ferry_md_health_fini(&store->health);
     pthread_mutex_destroy(&store->pool_lock);
     pthread_mutex_destroy(&store->put_lock);
@@ -461,6 +710,7 @@ static ferry_status_t redis_create(const ferry_metadata_services_t *svc, const c
     pthread_mutex_init(&store->pool_lock, NULL);
     pthread_mutex_init(&store->put_lock, NULL);
     ferry_md_newest_init(&store->newest);
+    ferry_md_records_init(&store->records);
     ferry_md_health_init(&store->health);
     if (store->settings.retry_ms == 0)
         store->settings.retry_ms = 1;
@@ -497,6 +747,8 @@ static const ferry_metadata_ops_t redis_ops = {
     .publish = redis_publish,
     .fetch = redis_fetch,
     .remove = redis_remove,
+    .publish_changes = redis_publish_changes,
+    .fetch_changes = redis_fetch_changes,
 };
 
 static const ferry_plugin_t redis_plugin = {
