@@ -176,6 +176,8 @@ static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
     size_t count = 0;
     ferry_status_t status = engine->metadata->fetch_changes(
         engine->metadata_ctx, name, held->revision, &generation, &newest, &records, &count);
+    if (records == NULL)
+        count = 0; /* a plugin's failure hands nothing over */
     if (status == FERRY_OK && (generation != held->generation || newest < held->revision ||
                                count != newest - held->revision)) {
         ferry_debug("segment \"%s\": the store's change records do not lead from revision "

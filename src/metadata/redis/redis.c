@@ -566,6 +566,9 @@ static ferry_status_t redis_fetch_changes(void *ctx, const char *name, uint64_t 
     if (status == FERRY_OK) {
         *records_p = records;
     } else {
+        for (size_t i = 0; i < *count_p; i++)
+            free(records[i]);
+        *count_p = 0;
         if (status != FERRY_ERR_SEGMENT_NOT_FOUND)
             ferry_error("redis %s: cannot fetch the changes of segment \"%s\": %s",
                         store->where, name, why);
