@@ -366,18 +366,22 @@ typedef struct ferry_metadata_ops {
      * Optional, both or neither (found through size, FERRY_METADATA_OPS_HAS:
      * an older plugin lacks them and its readers fetch whole): change
      * records beside the descriptor, so that a reader holding revision v
-     * reads only what changed since (doc/metadata.md, "Incremental
-     * refresh").  The records are opaque texts to the store.
+     * reads only what changed since, and an owner need not store its whole
+     * descriptor on every change (doc/metadata.md, "Incremental refresh").
+     * The records are opaque texts to the store.
      *
-     * publish_changes comes just before the publish of the descriptor at
-     * `revision` (generation's): `text` is the record that leads from
-     * revision - 1 to it, or NULL when there is none (a reader at an
-     * older revision must fetch whole).  The store keeps it with the
-     * descriptor's lifetime (lease, expiry), writes it no later than that
-     * descriptor, and records `revision` as the newest; records below
-     * `oldest` may go.  A store that loses its records (restart, a write
-     * that failed) must not let a reader mistake the loss for "nothing
-     * changed": it writes the newest revision again with no record.
+     * publish_changes stores `text`, the record that leads from revision - 1
+     * to `revision` (generation's), with the descriptor's lifetime (lease,
+     * expiry), and makes `revision` the newest; records below `oldest` may
+     * go.  The descriptor under the segment's key is then a checkpoint: the
+     * engine publishes it whole only now and then, right after the
+     * publish_changes of its revision, and readers bring it up to date with
+     * the records after it.  Anything but FERRY_OK (text NULL: no record
+     * for this revision; the store keeps too many since the checkpoint; the
+     * server is away) makes the engine publish the whole descriptor next.
+     * A store that loses its records (restart, a write that failed) must
+     * not let a reader mistake the loss for "nothing changed": it writes
+     * the checkpoint, the records since it and the newest revision again.
      *
      * fetch_changes: the newest revision the store knows for that
      * segment, its generation, and the records it holds of revisions

@@ -508,9 +508,15 @@ struct ferry_engine {
     uint64_t published_epoch;    /* entries registered up to here are published */
     uint64_t register_epoch;     /* last epoch handed out */
     ferry_desc_pending_t pending;
-    /* register_lock: the last revision whose change record a shared store
-     * took (publish_changes); 0: none. */
+    /* register_lock: a shared store's change records (engine_publish.c):
+     * the last revision given to publish_changes (0: none), the revision of
+     * the last whole descriptor published (the checkpoint), the records
+     * since it and their bytes, and the checkpoint's length. */
     uint64_t store_revision;
+    uint64_t store_checkpoint;
+    unsigned store_steps;
+    size_t store_bytes;
+    size_t store_whole_length;
 
     struct ferry_rpc_server *rpc_server;
     /* Set (release) once create has built everything: the RPC server runs

@@ -404,41 +404,58 @@ ferry_status_t ferry_engine_changes_text(ferry_engine_t *engine, uint64_t genera
 
 /*
  * A shared store that keeps change records (plugin.h, publish_changes)
- * gets the newest step before the descriptor, so a reader at the revision
- * before reads that step and not the descriptor.  No record (NULL) when the
- * step is not in the log (a bulk registration emptied it) or the store
- * missed a revision.  Only for the compact form: a JSON descriptor carries
- * no revision, so no reader would ever ask.  Caller holds register_lock
- * (store_revision).
+ * gets the newest step as a record, and the whole descriptor only now and
+ * then, as a checkpoint: when the records since the last one hold more
+ * than an eighth of its size (at least CHECKPOINT_BYTES_MIN), or
+ * CHECKPOINT_STEPS of them; or when the store could not take the record
+ * (no step in the log: a bulk registration emptied it; the store missed a
+ * revision; it is away).  So a publish of one change costs one small
+ * record, the whole encoding is paid once per so many changes, and a
+ * reader that opens the segment reads the checkpoint and at most an eighth
+ * more.  Only for the compact form: a JSON descriptor carries no revision,
+ * so no reader would ever ask.  Caller holds register_lock (store_*).
+ * Returns whether the whole descriptor is to be published.
  */
-static ferry_status_t publish_store_changes(ferry_engine_t *engine)
+#define CHECKPOINT_STEPS 128
+#define CHECKPOINT_BYTES_MIN ((size_t)64 << 10)
+
+static int publish_store_changes(ferry_engine_t *engine)
 {
     if (engine->publish_form != FERRY_DESC_FORM_COMPACT ||
         !FERRY_METADATA_OPS_HAS(engine->metadata, publish_changes))
-        return FERRY_OK;
+        return 1;
     char *text = NULL;
-    ferry_status_t status = FERRY_OK;
+    size_t length = 0;
     pthread_mutex_lock(&engine->published_lock);
-    uint64_t revision = engine->revision, oldest = engine->changes.from + 1;
+    uint64_t revision = engine->revision;
     const ferry_desc_changes_t *log = &engine->changes;
+    /* readers behind need the log's reach; openers every record since the
+     * checkpoint */
+    uint64_t oldest = log->from + 1;
+    if (engine->store_checkpoint + 1 < oldest)
+        oldest = engine->store_checkpoint + 1;
     if (revision == engine->store_revision) {
         pthread_mutex_unlock(&engine->published_lock);
-        return FERRY_OK;
+        return 0; /* nothing changed: the store has it all */
     }
-    if (engine->store_revision + 1 == revision && log->n_steps > 0 &&
-        log->steps[log->n_steps - 1].revision == revision) {
+    if (engine->store_revision != 0 && engine->store_revision + 1 == revision &&
+        log->n_steps > 0 && log->steps[log->n_steps - 1].revision == revision) {
         ferry_desc_changes_t newest = log_since(engine, revision - 1);
-        status = ferry_desc_changes_encode(&newest, revision - 1, &text, NULL);
+        if (ferry_desc_changes_encode(&newest, revision - 1, &text, &length) != FERRY_OK)
+            text = NULL; /* logged; a checkpoint instead */
     }
     pthread_mutex_unlock(&engine->published_lock);
-    if (status == FERRY_OK)
-        status = engine->metadata->publish_changes(engine->metadata_ctx, engine->name,
-                                                   engine->generation, revision, oldest, text);
-    /* Not stored: the next one goes without a record, and readers behind
-     * it fetch whole. */
-    engine->store_revision = status == FERRY_OK ? revision : 0;
+    ferry_status_t status = engine->metadata->publish_changes(
+        engine->metadata_ctx, engine->name, engine->generation, revision, oldest, text);
     free(text);
-    return status;
+    engine->store_revision = revision;
+    if (status != FERRY_OK)
+        return 1;
+    engine->store_steps++;
+    engine->store_bytes += length;
+    size_t bound = engine->store_whole_length / 8;
+    return engine->store_steps >= CHECKPOINT_STEPS ||
+           engine->store_bytes > (bound > CHECKPOINT_BYTES_MIN ? bound : CHECKPOINT_BYTES_MIN);
 }
 
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
@@ -448,15 +465,20 @@ ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
      * would make n registrations cost O(n^2). */
     if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
         return FERRY_OK;
-    ferry_status_t status = publish_store_changes(engine);
-    if (status != FERRY_OK)
-        return status;
+    if (!publish_store_changes(engine))
+        return FERRY_OK;
     char *text;
     size_t length;
-    status = ferry_engine_local_text(engine, engine->publish_form, &text, &length);
+    ferry_status_t status = ferry_engine_local_text(engine, engine->publish_form, &text,
+                                                    &length);
     if (status != FERRY_OK)
         return status;
     status = engine->metadata->publish(engine->metadata_ctx, engine->name, text);
     free(text);
+    /* Taken (or kept by the store for its keeper): the new checkpoint. */
+    engine->store_checkpoint = engine->store_revision;
+    engine->store_steps = 0;
+    engine->store_bytes = 0;
+    engine->store_whole_length = length;
     return status;
 }

@@ -52,8 +52,8 @@ void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cac
 }
 
 /* Fetch and decode the named descriptor from the metadata store. */
-static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
-                                       ferry_descriptor_t **desc_p)
+static ferry_status_t fetch_whole(ferry_engine_t *engine, const char *name,
+                                  ferry_descriptor_t **desc_p)
 {
     char *text = NULL;
     /* The store logs its own failures: it knows why. */
@@ -70,28 +70,21 @@ static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
 }
 
 /*
- * Refresh of a descriptor we hold, from its owner (p2p): the owner answers
- * with the changes since our revision (O(changes) to send and decode, one
- * copy of the buffer array to apply), or the whole descriptor when its log
- * does not reach back that far.  FERRY_ERR_UNSUPPORTED: not possible here
- * (another store, no revision, or an answer that did not fit), the caller
- * fetches whole; any other failure is the owner's answer.
+ * The changes since `held` from its owner over RPC (FETCH with held's
+ * generation and revision, `name` the segment it is asked for): O(changes)
+ * to send and decode, one copy of the buffer array to apply; or the whole
+ * descriptor when its log does not reach back that far.  For p2p that is
+ * every refresh; for a shared store, what fills a gap in its records.
+ * FERRY_ERR_DECODE: an answer that does not apply (logged once).
  */
-static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
-                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p)
+static ferry_status_t owner_changes(ferry_engine_t *engine, const ferry_descriptor_t *held,
+                                    const char *name, ferry_descriptor_t **desc_p)
 {
-    if (!(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES) || held == NULL ||
-        held->revision == 0 || held->rpc == NULL || held->rpc[0] == '\0')
+    if (held->rpc == NULL || held->rpc[0] == '\0')
         return FERRY_ERR_UNSUPPORTED;
-    /* As the p2p store asks: "name@host:port" wants that name, "host:port"
-     * whoever answers there (a restarted owner sends its whole descriptor). */
-    const char *at = strrchr(name, '@');
-    char wanted[1024] = "";
-    if (at != NULL && (size_t)(at - name) < sizeof(wanted))
-        memcpy(wanted, name, (size_t)(at - name));
     char *text = NULL;
     size_t length = 0;
-    ferry_status_t status = ferry_engine_rpc_fetch_since(engine, held->rpc, wanted,
+    ferry_status_t status = ferry_engine_rpc_fetch_since(engine, held->rpc, name,
                                                          held->generation, held->revision,
                                                          &text, &length);
     if (status != FERRY_OK) {
@@ -114,14 +107,35 @@ static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
             ferry_desc_changes_fini(&changes);
     }
     free(text);
+    if (status == FERRY_OK)
+        atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
+    return status;
+}
+
+/*
+ * p2p refresh of a descriptor we hold.  FERRY_ERR_UNSUPPORTED: not possible
+ * here (another store, no revision, or an answer that did not fit), the
+ * caller fetches whole; any other failure is the owner's answer.
+ */
+static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
+                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p)
+{
+    if (!(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES) || held == NULL ||
+        held->revision == 0)
+        return FERRY_ERR_UNSUPPORTED;
+    /* As the p2p store asks: "name@host:port" wants that name, "host:port"
+     * whoever answers there (a restarted owner sends its whole descriptor). */
+    const char *at = strrchr(name, '@');
+    char wanted[1024] = "";
+    if (at != NULL && (size_t)(at - name) < sizeof(wanted))
+        memcpy(wanted, name, (size_t)(at - name));
+    ferry_status_t status = owner_changes(engine, held, wanted, desc_p);
     if (status == FERRY_ERR_DECODE) {
         /* the decoder said why (once); fetching whole is the answer to it */
         ferry_info("segment \"%s\": its owner's changes do not apply; fetching it whole",
                    held->name);
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (status == FERRY_OK)
-        atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
     return status;
 }
 
@@ -167,8 +181,10 @@ static ferry_status_t merge_records(char **records, size_t count, uint64_t gener
  * generation): the caller fetches whole.
  */
 static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
-                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p)
+                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p,
+                                    int *missing_p)
 {
+    *missing_p = 0;
     if (!FERRY_METADATA_OPS_HAS(engine->metadata, fetch_changes) || held->revision == 0)
         return FERRY_ERR_UNSUPPORTED;
     uint64_t generation = 0, newest = 0;
@@ -183,6 +199,8 @@ static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
         ferry_debug("segment \"%s\": the store's change records do not lead from revision "
                     "%llu to %llu (%zu held); fetching it whole", name,
                     (unsigned long long)held->revision, (unsigned long long)newest, count);
+        /* of our generation and ahead of us, yet incomplete: records missing */
+        *missing_p = generation == held->generation && newest > held->revision;
         status = FERRY_ERR_UNSUPPORTED;
     }
     ferry_desc_changes_t merged = {0};
@@ -191,6 +209,7 @@ static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
     } else if (status == FERRY_OK) {
         status = merge_records(records, count, generation, held->revision, held->n_transports,
                                &merged);
+        *missing_p = status == FERRY_ERR_UNSUPPORTED;
         if (status == FERRY_OK)
             status = ferry_descriptor_apply(held, &merged, desc_p);
         ferry_desc_changes_fini(&merged);
@@ -204,6 +223,41 @@ static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
         ferry_info("segment \"%s\": its change records do not apply; fetching it whole", name);
     /* The store logged its own failures; the whole fetch says what is wrong. */
     return status == FERRY_ERR_NO_MEMORY ? status : FERRY_ERR_UNSUPPORTED;
+}
+
+/*
+ * A store with change records holds a checkpoint under the segment's key
+ * (engine_publish.c): the whole descriptor, then the records after it.
+ * When records are missing, the owner's RPC fills the gap; when it does
+ * not answer either, the checkpoint is what there is (logged).
+ */
+static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
+                                       ferry_descriptor_t **desc_p)
+{
+    ferry_descriptor_t *whole = NULL, *newer = NULL;
+    ferry_status_t status = fetch_whole(engine, name, &whole);
+    if (status != FERRY_OK || !FERRY_METADATA_OPS_HAS(engine->metadata, fetch_changes) ||
+        whole->revision == 0 || (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)) {
+        *desc_p = whole;
+        return status;
+    }
+    int missing = 0;
+    status = store_changes(engine, name, whole, &newer, &missing);
+    if (status != FERRY_OK && missing) {
+        status = owner_changes(engine, whole, whole->name, &newer);
+        if (status != FERRY_OK)
+            ferry_warn("segment \"%s\": the store misses change records after its checkpoint "
+                       "and the owner does not answer (%s); using the checkpoint (revision "
+                       "%llu)", name, ferry_status_string(status),
+                       (unsigned long long)whole->revision);
+    }
+    if (status != FERRY_OK) {
+        *desc_p = whole; /* no records (an older owner), or no better */
+        return FERRY_OK;
+    }
+    ferry_descriptor_unref(whole);
+    *desc_p = newer;
+    return FERRY_OK;
 }
 
 static ferry_descriptor_t *local_descriptor(ferry_engine_t *engine)
@@ -331,7 +385,12 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         status = fetch_changes(engine, segment->name, held, &desc);
     if (status == FERRY_ERR_UNSUPPORTED && held != NULL && !segment->is_local &&
         !(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)) {
-        status = store_changes(engine, segment->name, held, &desc);
+        int missing;
+        status = store_changes(engine, segment->name, held, &desc, &missing);
+        if (status != FERRY_OK && missing)
+            status = owner_changes(engine, held, held->name, &desc);
+        if (status != FERRY_OK && status != FERRY_ERR_NO_MEMORY)
+            status = FERRY_ERR_UNSUPPORTED; /* whole, then */
         if (status == FERRY_OK && desc != held)
             ferry_engine_confirm_base_pass(engine, held, desc);
     }

@@ -133,9 +133,9 @@ int64_t ferry_etcd_int(const json_t *object, const char *field);
 char *ferry_etcd_prefix_end(const char *prefix, size_t length, size_t *end_length_p);
 
 /* etcd_changes.c */
-/* One transaction: batch's records, its head and the descriptor under key,
- * on store->lease (caller holds put_lock); a restart deletes the old
- * records first. */
+/* One transaction: batch's records, its head and the descriptor (NULL:
+ * none, records only) under key, on store->lease (caller holds put_lock);
+ * a restart deletes the old records first. */
 ferry_status_t ferry_etcd_put_with_changes(etcd_store_t *store, const char *key,
                                            const char *descriptor,
                                            const ferry_md_records_batch_t *batch,

@@ -5,9 +5,10 @@
  *   K/changes/head                        "<hex generation> <hex newest>"
  *
  * all on the engine's lease, so they go with it.  A write is one
- * transaction: the pending records, the head, the descriptor (and, now and
- * then, a delete of the records the owner's log no longer reaches); so a
- * reader never sees a head without the records below it.  A restart is a
+ * transaction: the records not written yet, the head, the descriptor when
+ * it is a checkpoint (and, now and then, a delete of the records the
+ * owner's log no longer reaches); so a reader never sees a head without the
+ * records below it.  A restart is a
  * delete of K/changes/ before it.  A reader at revision v asks for one
  * range, K/changes/<v> to the end of K/changes/: the records above v and
  * the head ("head" sorts after every hex digit).
@@ -24,9 +25,7 @@
 #include <string.h>
 
 #define CHANGES "/changes/"
-/* What the server may hold above a reader: the pending bound and the
- * records kept between two prunes. */
-#define FETCH_MAX (FERRY_MD_RECORDS_PENDING_MAX + FERRY_MD_RECORDS_PRUNE_EVERY)
+#define FETCH_MAX FERRY_MD_RECORDS_FETCH_MAX
 
 static char *record_key(const char *key, uint64_t revision)
 {
@@ -88,7 +87,8 @@ ferry_status_t ferry_etcd_put_with_changes(etcd_store_t *store, const char *key,
     }
     ferry_md_head_format(head, batch->generation, batch->newest);
     if (status == FERRY_OK && (json_array_append_new(ops, op_put(head_key, head, lease)) != 0 ||
-                               json_array_append_new(ops, op_put(key, descriptor, lease)) != 0))
+                               (descriptor != NULL &&
+                                json_array_append_new(ops, op_put(key, descriptor, lease)) != 0)))
         status = FERRY_ERR_NO_MEMORY;
     if (status == FERRY_OK && batch->prune_below != 0) {
         /* below every record this transaction writes: no key twice */

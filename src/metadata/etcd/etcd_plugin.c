@@ -80,17 +80,39 @@ static ferry_status_t put(etcd_store_t *store, const char *key, const char *desc
     return status;
 }
 
-/* The descriptor alone, or with the change records waiting (etcd_changes.c). */
+/* The descriptor alone, or with the change records waiting (etcd_changes.c);
+ * descriptor NULL: the records alone. */
 static ferry_status_t put_descriptor(etcd_store_t *store, const char *key,
                                      const char *descriptor, etcd_error_t *error)
 {
     ferry_md_records_batch_t batch;
-    if (!ferry_md_records_take(&store->records, &batch))
-        return put(store, key, descriptor, error);
+    int taken = ferry_md_records_take(&store->records, &batch);
+    if (taken < 0) {
+        snprintf(error->message, sizeof(error->message), "out of memory");
+        return FERRY_ERR_NO_MEMORY;
+    }
+    if (taken == 0)
+        return descriptor ? put(store, key, descriptor, error) : FERRY_OK;
     ferry_status_t status = ferry_etcd_put_with_changes(store, key, descriptor, &batch, error);
     if (status == FERRY_OK)
         ferry_md_records_written(&store->records, &batch);
     ferry_md_records_batch_fini(&batch);
+    return status;
+}
+
+/* The change records not on etcd yet, with the head; caller holds
+ * put_lock. */
+static ferry_status_t put_records_locked(etcd_store_t *store, const char *name,
+                                         etcd_error_t *error)
+{
+    char *key;
+    memset(error, 0, sizeof(*error));
+    ferry_status_t status = ferry_md_key(&store->keys, name, &key);
+    if (status == FERRY_OK)
+        status = ensure_lease(store, error);
+    if (status == FERRY_OK)
+        status = put_descriptor(store, key, NULL, error);
+    free(key);
     return status;
 }
 
@@ -140,6 +162,7 @@ static ferry_status_t etcd_publish(void *ctx, const char *name, const char *desc
     status = ferry_md_newest_set(&store->newest, name, descriptor);
     if (status != FERRY_OK)
         return status;
+    ferry_md_records_checkpoint(&store->records);
     pthread_mutex_lock(&store->own_lock);
     if (store->own_name == NULL || strcmp(store->own_name, name) != 0) {
         free(store->own_name);
@@ -169,9 +192,28 @@ static ferry_status_t etcd_publish(void *ctx, const char *name, const char *desc
 static ferry_status_t etcd_publish_changes(void *ctx, const char *name, uint64_t generation,
                                            uint64_t revision, uint64_t oldest, const char *text)
 {
-    (void)name; /* one segment per store: publish names it */
     etcd_store_t *store = ctx;
-    return ferry_md_records_add(&store->records, generation, revision, oldest, text);
+    ferry_status_t status = ferry_md_records_add(&store->records, generation, revision, oldest,
+                                                 text);
+    if (status != FERRY_OK || text == NULL)
+        return status == FERRY_OK ? FERRY_ERR_NO_RESOURCE : status; /* a checkpoint follows */
+    if (ferry_md_health_down(&store->health, store->settings.retry_ms)) {
+        ferry_md_worker_kick(&store->keeper);
+        return FERRY_ERR_METADATA;
+    }
+    etcd_error_t error;
+    pthread_mutex_lock(&store->put_lock);
+    status = put_records_locked(store, name, &error);
+    pthread_mutex_unlock(&store->put_lock);
+    ferry_md_health_report(&store->health, status == FERRY_OK || error.http != 0);
+    if (status != FERRY_OK) {
+        ferry_error("etcd %s: cannot publish the changes of segment \"%s\": %s", store->uri,
+                    name, error.message);
+        ferry_md_worker_kick(&store->keeper);
+        if (status != FERRY_ERR_NO_MEMORY)
+            status = FERRY_ERR_METADATA;
+    }
+    return status;
 }
 
 static ferry_status_t etcd_fetch(void *ctx, const char *name, char **descriptor_p)
@@ -277,7 +319,8 @@ static unsigned etcd_keeper_tick(void *arg)
             ferry_md_records_lost(&store->records);
         }
     }
-    int republish = ferry_md_newest_pending(&store->newest);
+    int republish = ferry_md_newest_pending(&store->newest) ||
+                    ferry_md_records_pending(&store->records);
     etcd_error_t error = {0};
     ferry_status_t status = republish ? put_newest_locked(store, &error) : FERRY_OK;
     pthread_mutex_unlock(&store->put_lock);

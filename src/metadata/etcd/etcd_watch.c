@@ -100,18 +100,44 @@ static void seen_update(etcd_store_t *store, char *name, int64_t mod_revision)
     store->n_seen++;
 }
 
-/* Segment name of a base64 key from etcd, or NULL when it is none of ours. */
-static char *key_name(etcd_store_t *store, const json_t *kv)
+#define HEAD_SUFFIX "/changes/head"
+
+/* Segment name of a base64 key from etcd, or NULL when it is none of ours.
+ * A segment's change head (etcd_changes.c) counts as the segment: an owner
+ * that publishes a change record and no new checkpoint writes only that
+ * (*head_p set), and its readers must hear of it. */
+static char *key_name(etcd_store_t *store, const json_t *kv, int *head_p)
 {
     const json_t *key = json_object_get(kv, "key");
     char *raw;
-    size_t length;
+    size_t length, suffix = strlen(HEAD_SUFFIX);
+    *head_p = 0;
     if (!json_is_string(key) || ferry_etcd_unb64(json_string_value(key), &raw, &length) !=
                                     FERRY_OK)
         return NULL;
     char *name = ferry_md_key_name(&store->keys, raw, length);
+    if (name == NULL && length > suffix && memcmp(raw + length - suffix, HEAD_SUFFIX, suffix) == 0) {
+        name = ferry_md_key_name(&store->keys, raw, length - suffix);
+        *head_p = name != NULL;
+    }
     free(raw);
     return name;
+}
+
+/* One entry per segment: the newest of its key's and its head's revisions. */
+static size_t merge_heads(etcd_seen_t *fresh, size_t n)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (kept > 0 && strcmp(fresh[kept - 1].name, fresh[i].name) == 0) {
+            if (fresh[i].mod_revision > fresh[kept - 1].mod_revision)
+                fresh[kept - 1].mod_revision = fresh[i].mod_revision;
+            free(fresh[i].name);
+        } else {
+            fresh[kept++] = fresh[i];
+        }
+    }
+    return kept;
 }
 
 static json_t *prefix_request(etcd_store_t *store)
@@ -150,13 +176,15 @@ static ferry_status_t sync_view(etcd_store_t *store, int64_t *revision_p)
     }
     for (size_t i = 0; i < count; i++) {
         const json_t *kv = json_array_get(kvs, i);
-        char *name = key_name(store, kv);
+        int head;
+        char *name = key_name(store, kv, &head);
         if (name != NULL)
             fresh[n++] = (etcd_seen_t){name, ferry_etcd_int(kv, "mod_revision")};
     }
     *revision_p = ferry_etcd_int(json_object_get(reply, "header"), "revision");
     json_decref(reply);
     qsort(fresh, n, sizeof(*fresh), by_name);
+    n = merge_heads(fresh, n);
     if (store->synced) {
         for (size_t i = 0; i < n; i++) {
             etcd_seen_t *old = seen_find(store->seen, store->n_seen, fresh[i].name);
@@ -199,14 +227,18 @@ static void on_message(stream_t *stream, const char *text, size_t length)
     for (size_t i = 0; i < json_array_size(events); i++) {
         const json_t *event = json_array_get(events, i);
         const json_t *kv = json_object_get(event, "kv");
-        char *name = key_name(store, kv);
+        int head;
+        char *name = key_name(store, kv, &head);
         if (name == NULL)
             continue;
         /* A PUT has no "type": it is enum value 0, left out. */
         const json_t *type = json_object_get(event, "type");
         int deleted = json_is_string(type) && strcmp(json_string_value(type), "DELETE") == 0;
         report(store, name);
-        seen_update(store, name, deleted ? -1 : ferry_etcd_int(kv, "mod_revision"));
+        if (head && deleted)
+            free(name); /* records restarting; the segment's key says whether it is gone */
+        else
+            seen_update(store, name, deleted ? -1 : ferry_etcd_int(kv, "mod_revision"));
     }
     json_decref(root);
 }

@@ -388,39 +388,41 @@ static int write_changes(redis_write_t *w, const char *key, const char *ttl,
     return write_add(w, 3, w->expire);
 }
 
-/* The descriptor (argv: its SET), after the change records waiting. */
-static ferry_status_t set_with_changes(redis_store_t *store, const char *key, const char **set,
-                                       redisReply **set_reply_p, char *why, size_t whylen)
+/* The change records waiting, then the descriptor (set: its SET's argv,
+ * whose reply goes to *set_reply_p), or the records alone (set NULL).
+ * FERRY_OK when redis answered (and, records alone, took them); *reached_p
+ * whether it answered at all. */
+static ferry_status_t write_with_changes(redis_store_t *store, const char *key, const char **set,
+                                         const char *ttl, redisReply **set_reply_p,
+                                         int *reached_p, char *why, size_t whylen)
 {
     ferry_md_records_batch_t batch;
     int changes = ferry_md_records_take(&store->records, &batch);
     redis_write_t w = {0};
     redisReply *replies[5] = {0};
-    ferry_status_t status = FERRY_OK;
-    if (changes && !write_changes(&w, key, set[4], &batch)) {
-        snprintf(why, whylen, "out of memory");
+    ferry_status_t status = changes < 0 ? FERRY_ERR_NO_MEMORY : FERRY_OK;
+    if (changes > 0 && !write_changes(&w, key, ttl, &batch))
         status = FERRY_ERR_NO_MEMORY;
-    }
-    if (status == FERRY_OK && !write_add(&w, 5, set)) {
-        snprintf(why, whylen, "out of memory");
+    if (status == FERRY_OK && set != NULL && !write_add(&w, 5, set))
         status = FERRY_ERR_NO_MEMORY;
-    }
-    if (status == FERRY_OK)
+    if (status == FERRY_ERR_NO_MEMORY)
+        snprintf(why, whylen, "out of memory");
+    if (status == FERRY_OK && w.n > 0)
         status = pipeline(store, w.n, w.argcs, (const char *const *const *)w.argvs,
                           (const size_t *const *)w.lengths, replies, why, whylen);
+    *reached_p = status == FERRY_OK;
+    size_t n_log = set != NULL && w.n > 0 ? w.n - 1 : w.n;
     int log_failed = 0;
-    if (status == FERRY_OK) {
-        for (size_t i = 0; i + 1 < w.n; i++) {
-            if (replies[i]->type == REDIS_REPLY_ERROR && !log_failed) {
-                ferry_warn("redis %s: the change log %s refused a write (%s); readers fetch "
-                           "whole descriptors until it takes one", store->where, w.log,
-                           replies[i]->str);
-                log_failed = 1;
-            }
-            freeReplyObject(replies[i]);
+    for (size_t i = 0; status == FERRY_OK && i < n_log; i++) {
+        if (replies[i]->type == REDIS_REPLY_ERROR && !log_failed) {
+            ferry_warn("redis %s: the change log %s refused a write (%s); readers fetch whole "
+                       "descriptors until it takes one", store->where, w.log, replies[i]->str);
+            log_failed = 1;
         }
-        *set_reply_p = replies[w.n - 1];
+        freeReplyObject(replies[i]);
     }
+    if (status == FERRY_OK && set != NULL)
+        *set_reply_p = replies[w.n - 1];
     if (log_failed) {
         /* The descriptor went on without its records: no head may stay
          * that says "nothing changed" to a reader behind it. */
@@ -430,11 +432,16 @@ static ferry_status_t set_with_changes(redis_store_t *store, const char *key, co
         if (command(store, 2, argv, lengths, &reply, why, whylen) == FERRY_OK)
             freeReplyObject(reply);
         ferry_md_records_lost(&store->records);
-    } else if (changes && status == FERRY_OK && ferry_redis_reply_ok(*set_reply_p, why, whylen)) {
+        if (set == NULL) {
+            snprintf(why, whylen, "the change log refused a write");
+            status = FERRY_ERR_METADATA;
+        }
+    } else if (changes > 0 && status == FERRY_OK &&
+               (set == NULL || ferry_redis_reply_ok(*set_reply_p, why, whylen))) {
         ferry_md_records_written(&store->records, &batch);
     }
     write_fini(&w);
-    if (changes)
+    if (changes > 0)
         ferry_md_records_batch_fini(&batch);
     return status;
 }
@@ -456,8 +463,7 @@ static ferry_status_t set_newest(redis_store_t *store, int quiet)
     if (status == FERRY_OK) {
         snprintf(ttl, sizeof(ttl), "%u", store->settings.ttl_ms ? store->settings.ttl_ms : 1);
         const char *argv[] = {"SET", key, descriptor, "PX", ttl};
-        status = set_with_changes(store, key, argv, &reply, why, sizeof(why));
-        reached = status == FERRY_OK;
+        status = write_with_changes(store, key, argv, ttl, &reply, &reached, why, sizeof(why));
         if (status == FERRY_OK && ferry_redis_reply_ok(reply, why, sizeof(why)))
             ferry_md_newest_stored(&store->newest, version);
         else if (status == FERRY_OK)
@@ -487,6 +493,7 @@ static ferry_status_t redis_publish(void *ctx, const char *name, const char *des
     status = ferry_md_newest_set(&store->newest, name, descriptor);
     if (status != FERRY_OK)
         return status;
+    ferry_md_records_checkpoint(&store->records);
     if (ferry_md_health_down(&store->health, store->settings.retry_ms)) {
         ferry_md_worker_kick(&store->worker); /* keeps trying; registration goes on */
         return FERRY_ERR_METADATA;
@@ -526,14 +533,34 @@ static ferry_status_t redis_publish_changes(void *ctx, const char *name, uint64_
                                             uint64_t revision, uint64_t oldest,
                                             const char *text)
 {
-    (void)name; /* one segment per store: publish names it */
     redis_store_t *store = ctx;
-    return ferry_md_records_add(&store->records, generation, revision, oldest, text);
+    char *key, why[256] = "", ttl[32];
+    ferry_status_t status = ferry_md_records_add(&store->records, generation, revision, oldest,
+                                                 text);
+    if (status != FERRY_OK || text == NULL)
+        return status == FERRY_OK ? FERRY_ERR_NO_RESOURCE : status; /* a checkpoint follows */
+    if (ferry_md_health_down(&store->health, store->settings.retry_ms)) {
+        ferry_md_worker_kick(&store->worker);
+        return FERRY_ERR_METADATA;
+    }
+    if ((status = ferry_md_key(&store->keys, name, &key)) != FERRY_OK)
+        return status;
+    snprintf(ttl, sizeof(ttl), "%u", store->settings.ttl_ms ? store->settings.ttl_ms : 1);
+    int reached;
+    pthread_mutex_lock(&store->put_lock);
+    status = write_with_changes(store, key, NULL, ttl, NULL, &reached, why, sizeof(why));
+    pthread_mutex_unlock(&store->put_lock);
+    ferry_md_health_report(&store->health, reached);
+    if (status != FERRY_OK) {
+        ferry_error("redis %s: cannot publish the changes of segment \"%s\": %s", store->where,
+                    name, why);
+        ferry_md_worker_kick(&store->worker);
+    }
+    free(key);
+    return status == FERRY_ERR_NO_MEMORY ? status : status ? FERRY_ERR_METADATA : FERRY_OK;
 }
 
-/* What the log may hold above a reader: the pending bound and the records
- * kept between two prunes. */
-#define FETCH_MAX (FERRY_MD_RECORDS_PENDING_MAX + FERRY_MD_RECORDS_PRUNE_EVERY)
+#define FETCH_MAX FERRY_MD_RECORDS_FETCH_MAX
 
 static ferry_status_t redis_fetch_changes(void *ctx, const char *name, uint64_t since,
                                           uint64_t *generation_p, uint64_t *newest_p,
@@ -643,7 +670,8 @@ static unsigned redis_tick(void *arg)
 {
     redis_store_t *store = arg;
     unsigned period = store->settings.ttl_ms / 3 ? store->settings.ttl_ms / 3 : 1;
-    int republish = ferry_md_newest_pending(&store->newest);
+    int republish = ferry_md_newest_pending(&store->newest) ||
+                    ferry_md_records_pending(&store->records);
     if (!republish) {
         int renewed = renew(store);
         if (renewed < 0) {
