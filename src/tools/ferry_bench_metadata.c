@@ -7,6 +7,10 @@
  *   publish      ferry_publish() of a segment holding one buffer, and of one
  *                holding --registrations buffers (the descriptor is rebuilt,
  *                encoded and stored);
+ *   publish, 1 change: ferry_unregister (or ferry_register again) of one
+ *                page of the large segment, its publish included (a shared
+ *                store with change records: one record, and the whole
+ *                descriptor once per checkpoint);
  *   open         ferry_segment_open() of a segment not in the reader's cache
  *                (store fetch + decode), for a 1-buffer and the large segment;
  *   open cached  ferry_segment_open() of a segment already open;
@@ -282,6 +286,24 @@ int ferry_bench_metadata_main(int argc, char **argv)
     }
     snprintf(label, sizeof(label), "publish (%u buffers)", o.registrations);
     report(store, "publish", label, samples, o.iterations);
+    /* A change published: one page unregistered, then registered again. */
+    for (unsigned i = 0; i < o.iterations; i++) {
+        unsigned char *page_p = large_arena + (n - 1) * page;
+        double start = now_us();
+        status = i % 2 ? ferry_register(large, page_p, page, "cpu", FERRY_REG_REMOTE)
+                       : ferry_unregister(large, page_p);
+        samples[i] = now_us() - start;
+        if (status != FERRY_OK) {
+            fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
+            goto out;
+        }
+    }
+    if (o.iterations % 2 &&
+        ferry_register(large, large_arena + (n - 1) * page, page, "cpu", FERRY_REG_REMOTE) !=
+            FERRY_OK)
+        goto out;
+    snprintf(label, sizeof(label), "publish, 1 change (%u)", o.registrations);
+    report(store, "publish_change", label, samples, o.iterations);
 
     const char *small_seg = ferry_engine_segment_name(small);
     const char *large_seg = ferry_engine_segment_name(large);
