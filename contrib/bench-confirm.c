@@ -27,15 +27,15 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
+/* The middle sample (sorts samples in place: few of them). */
 static double median(double *samples, unsigned n)
 {
-    qsort(samples, n, sizeof(*samples), by_value);
+    for (unsigned i = 1; i < n; i++)
+        for (unsigned j = i; j > 0 && samples[j - 1] > samples[j]; j--) {
+            double t = samples[j];
+            samples[j] = samples[j - 1];
+            samples[j - 1] = t;
+        }
     return samples[n / 2];
 }
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_held.h"
 #include "test_rng.h"
 #include "../src/core/core.h"
 #include "../src/rpc/rpc.h"
@@ -24,18 +25,6 @@ static ferry_engine_h make_engine(void)
     ferry_engine_h engine;
     cr_assert_eq(ferry_engine_create(&config, &engine), FERRY_OK);
     return engine;
-}
-
-/* The descriptor the reader holds for its open segment. */
-static ferry_descriptor_t *held(ferry_engine_h reader, ferry_segment_h handle)
-{
-    ferry_engine_t *engine = ferry_engine_lookup(reader);
-    ferry_segment_t *segment = ferry_handle_lookup((uint64_t)(uintptr_t)handle,
-                                                   FERRY_HANDLE_SEGMENT, engine);
-    cr_assert_not_null(segment);
-    ferry_descriptor_t *desc;
-    cr_assert_eq(ferry_segment_descriptor(engine, segment, &desc), FERRY_OK);
-    return desc;
 }
 
 /* The reader's copy equals what the owner serves whole. */

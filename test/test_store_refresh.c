@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "service_process.h"
+#include "test_held.h"
 #include "test_rng.h"
 #include "../src/core/core.h"
 
@@ -64,17 +65,6 @@ static void as_older_plugin(ferry_engine_h handle)
     older[used] = *engine->metadata;
     older[used].size = offsetof(ferry_metadata_ops_t, publish_changes);
     engine->metadata = &older[used++];
-}
-
-static ferry_descriptor_t *held(ferry_engine_h reader, ferry_segment_h handle)
-{
-    ferry_engine_t *engine = ferry_engine_lookup(reader);
-    ferry_segment_t *segment = ferry_handle_lookup((uint64_t)(uintptr_t)handle,
-                                                   FERRY_HANDLE_SEGMENT, engine);
-    cr_assert_not_null(segment);
-    ferry_descriptor_t *desc;
-    cr_assert_eq(ferry_segment_descriptor(engine, segment, &desc), FERRY_OK);
-    return desc;
 }
 
 /* What an engine that opens the segment now gets: the store's whole

@@ -35,6 +35,17 @@ static void check_reply(const redisReply *reply, int depth)
     }
     (void)ferry_redis_renewed(reply);
 
+    /* a change log's reply (redis.c): records handed over only with FERRY_OK */
+    char *records[4];
+    size_t count = 99;
+    uint64_t generation, newest;
+    status = ferry_redis_changes(reply, 1, &generation, &newest, records, 4, &count, why,
+                                 sizeof(why));
+    FUZZ_CHECK(count <= 4 && (status == FERRY_OK || count == 0));
+    FUZZ_CHECK(strnlen(why, sizeof(why)) < sizeof(why));
+    for (size_t i = 0; i < count; i++)
+        free(records[i]);
+
     if (reply->type == REDIS_REPLY_ARRAY && depth < 8)
         for (size_t i = 0; i < reply->elements; i++)
             check_reply(reply->element[i], depth + 1);
