@@ -85,7 +85,7 @@ enum {
 #define FERRY_TCP_SEND_BATCH 32
 /* The most connections to one peer (the slot array's size). */
 #define FERRY_TCP_MAX_PEER_CONNS 64
-/* The automatic IO_THREADS: half the CPUs the process may run on, 1..8. */
+/* The automatic IO_THREADS: half the CPUs the process may run on, 2..8. */
 #define FERRY_TCP_AUTO_THREADS_MAX 8
 /* Per I/O thread: responses are read through it, refused payloads drained into it. */
 #define FERRY_TCP_SCRATCH (64u << 10)

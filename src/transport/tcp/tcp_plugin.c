@@ -23,7 +23,7 @@ static const ferry_setting_t tcp_settings[] = {
      "with one and opens another while more than 2 slices per socket are outstanding",
      offsetof(ferry_tcp_settings_t, connections), FERRY_SETTING_UINT},
     {"IO_THREADS", "0", "I/O threads serving every tcp socket of the engine (0..256; 0: half "
-     "the CPUs the process may run on, 1..8)",
+     "the CPUs the process may run on, 2..8)",
      offsetof(ferry_tcp_settings_t, io_threads), FERRY_SETTING_UINT},
     {"TIMEOUT", "5000", "a peer that moves no byte this long while requests are outstanding "
      "fails; the listener closes a connection whose request header took longer",

@@ -459,8 +459,17 @@ static void target_event(ferry_tcp_handler_t *handler, uint32_t events)
         case FERRY_TCP_PHASE_SEND: step = send_step(conn, &budget); break;
         }
     }
-    if (step == STEP_CLOSE)
+    if (step == STEP_CLOSE) {
         target_close(conn);
+        return;
+    }
+    /* The budget spent: EPOLLOUT (a writable socket reports it at once)
+     * brings us back even when nothing more arrives, e.g. with responses
+     * to send.  Waiting for input: EPOLLIN (a SEND waits on EPOLLOUT). */
+    if (step == STEP_AGAIN)
+        set_interest(conn, 1);
+    else if (conn->phase != FERRY_TCP_PHASE_SEND)
+        set_interest(conn, 0);
 }
 
 /* ---------------- timers ---------------- */

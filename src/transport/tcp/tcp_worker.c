@@ -39,8 +39,10 @@ unsigned ferry_tcp_auto_threads(void)
         cpus = CPU_COUNT(&set);
     if (cpus <= 0)
         cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* Two at least: a connection's sending and another's receiving overlap
+     * even on a small machine (measured, doc/performance.md). */
     long threads = cpus / 2;
-    return (unsigned)FERRY_MAX(1, FERRY_MIN(threads, (long)FERRY_TCP_AUTO_THREADS_MAX));
+    return (unsigned)FERRY_MAX(2, FERRY_MIN(threads, (long)FERRY_TCP_AUTO_THREADS_MAX));
 }
 
 int ferry_tcp_worker_watch(ferry_tcp_worker_t *worker, int op, int fd, uint32_t events,
