@@ -3,6 +3,7 @@
 #include <ferry/ferry.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -670,4 +671,82 @@ Test(faults, the_tcp_target_refuses_what_a_forged_descriptor_claims)
     peer_stop(&peer);
     ferry_engine_destroy(initiator); /* the engine leaves the store before the store goes */
     service_cleanup(&metad);
+}
+
+/* One batch of n writes of length bytes each to [remote, +length). */
+static ferry_status_t write_batch(ferry_segment_h segment, uint64_t remote, size_t length, int n)
+{
+    ferry_batch_h batch;
+    ferry_request_t reqs[16];
+    cr_assert_leq(n, 16);
+    cr_assert_eq(ferry_batch_create(engine, (size_t)n, &batch), FERRY_OK);
+    for (int i = 0; i < n; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+                                    .target_offset = remote, .length = length};
+    ferry_status_t status = ferry_batch_submit(batch, reqs, (size_t)n);
+    if (status == FERRY_OK)
+        status = ferry_batch_wait(batch, 30000);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    return status;
+}
+
+/* No setting asks for sockets: a small request keeps one, 64 MiB in flight
+ * open more (up to twice the I/O threads), and they stay for the next. */
+Test(faults, tcp_connections_follow_the_bytes_outstanding)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char endpoint[64];
+    start_target(&peer, NULL, &segment, endpoint, sizeof(endpoint));
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", 4 * MIB, 4 * MIB), "OK");
+    int port = atoi(strrchr(endpoint, ':') + 1), ports[64];
+    cr_assert_eq(write_once(segment, peer.arena, 4096), FERRY_OK);
+    cr_assert_eq(ports_connected_to(port, ports, 64), 1, "one small write, one socket");
+    test_pattern_fill(local, 4 * MIB, 3);
+    cr_assert_eq(write_batch(segment, peer.arena + 4 * MIB, 4 * MIB, 16), FERRY_OK);
+    int open = ports_connected_to(port, ports, 64);
+    cr_assert(open >= 2 && open <= 16, "%d sockets after 64 MiB in flight", open);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 3", 4 * MIB, 4 * MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+static int threads_of_this_process(void)
+{
+    int n = 0;
+    DIR *dir = opendir("/proc/self/task");
+    cr_assert_not_null(dir);
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
+/* Threads per engine, never per peer or connection: one engine writing to
+ * PEERS engines of this process starts no thread, at either end. */
+Test(faults, tcp_threads_do_not_grow_with_peers)
+{
+    enum { PEERS = 24 };
+    ferry_engine_h targets[PEERS];
+    ferry_segment_h segments[PEERS];
+    static unsigned char arenas[PEERS][4096];
+    for (int i = 0; i < PEERS; i++) {
+        cr_assert_eq(ferry_engine_create(NULL, &targets[i]), FERRY_OK);
+        cr_assert_eq(ferry_register(targets[i], arenas[i], sizeof(arenas[i]), "cpu",
+                                    FERRY_REG_REMOTE),
+                     FERRY_OK);
+        cr_assert_eq(ferry_segment_open(engine, ferry_engine_segment_name(targets[i]),
+                                        &segments[i]),
+                     FERRY_OK);
+    }
+    int before = threads_of_this_process();
+    memset(local, 6, 4096);
+    for (int i = 0; i < PEERS; i++)
+        cr_assert_eq(write_once(segments[i], (uint64_t)(uintptr_t)arenas[i], 4096), FERRY_OK);
+    cr_assert_eq(threads_of_this_process(), before, "threads grew with %d peers", PEERS);
+    for (int i = 0; i < PEERS; i++) {
+        cr_assert_eq(arenas[i][4095], 6);
+        ferry_segment_close(engine, segments[i]);
+        ferry_engine_destroy(targets[i]);
+    }
 }
