@@ -673,16 +673,18 @@ Test(faults, the_tcp_target_refuses_what_a_forged_descriptor_claims)
     service_cleanup(&metad);
 }
 
-/* One batch of n writes of length bytes each to [remote, +length). */
-static ferry_status_t write_batch(ferry_segment_h segment, uint64_t remote, size_t length, int n)
+/* One batch of n requests of length bytes each between [remote, +length)
+ * and local + i * stride. */
+static ferry_status_t op_batch(ferry_opcode_t op, ferry_segment_h segment, uint64_t remote,
+                               size_t length, int n, size_t stride)
 {
     ferry_batch_h batch;
-    ferry_request_t reqs[16];
-    cr_assert_leq(n, 16);
+    ferry_request_t reqs[128];
+    cr_assert_leq(n, 128);
     cr_assert_eq(ferry_batch_create(engine, (size_t)n, &batch), FERRY_OK);
     for (int i = 0; i < n; i++)
-        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
-                                    .target_offset = remote, .length = length};
+        reqs[i] = (ferry_request_t){.opcode = op, .local = local + (size_t)i * stride,
+                                    .target = segment, .target_offset = remote, .length = length};
     ferry_status_t status = ferry_batch_submit(batch, reqs, (size_t)n);
     if (status == FERRY_OK)
         status = ferry_batch_wait(batch, 30000);
@@ -703,7 +705,8 @@ Test(faults, tcp_connections_follow_the_bytes_outstanding)
     cr_assert_eq(write_once(segment, peer.arena, 4096), FERRY_OK);
     cr_assert_eq(ports_connected_to(port, ports, 64), 1, "one small write, one socket");
     test_pattern_fill(local, 4 * MIB, 3);
-    cr_assert_eq(write_batch(segment, peer.arena + 4 * MIB, 4 * MIB, 16), FERRY_OK);
+    cr_assert_eq(op_batch(FERRY_OP_WRITE, segment, peer.arena + 4 * MIB, 4 * MIB, 16, 0),
+                 FERRY_OK);
     int open = ports_connected_to(port, ports, 64);
     cr_assert(open >= 2 && open <= 16, "%d sockets after 64 MiB in flight", open);
     cr_assert_str_eq(peer_cmd(&peer, "check %zu %zu 3", 4 * MIB, 4 * MIB), "OK");
@@ -749,4 +752,36 @@ Test(faults, tcp_threads_do_not_grow_with_peers)
         ferry_segment_close(engine, segments[i]);
         ferry_engine_destroy(targets[i]);
     }
+}
+
+/* More READs in one batch than the target serves in one turn (64 requests,
+ * 4 MiB): a turn can end with a READ's data still to send and no request
+ * left to read, and the data must still go (FERRY_TCP_TIMEOUT is 1 s here:
+ * a connection waiting for input fails the batch). */
+Test(faults, tcp_batches_of_reads_longer_than_a_turn_complete)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char endpoint[64];
+    start_target(&peer, NULL, &segment, endpoint, sizeof(endpoint));
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", 4 * MIB, 4 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 12", 4 * MIB, 4 * MIB), "OK");
+    /* 16 x 4 MiB: 64 slices of 1 MiB, as ferry_bench's reads */
+    static const struct {
+        size_t length;
+        int first, last;
+    } cases[] = {{64 << 10, 63, 66}, {MIB, 3, 6}, {4 * MIB, 15, 17}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        size_t length = cases[c].length;
+        for (int n = cases[c].first; n <= cases[c].last; n++) {
+            memset(local, 0, (size_t)n * length);
+            cr_assert_eq(op_batch(FERRY_OP_READ, segment, peer.arena + 4 * MIB, length, n, length),
+                         FERRY_OK, "a batch of %d READs of %zu bytes", n, length);
+            for (int i = 0; i < n; i++)
+                cr_assert(test_pattern_check(local + (size_t)i * length, length, 12) == SIZE_MAX,
+                          "READ %d of %d", i, n);
+        }
+    }
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
 }
