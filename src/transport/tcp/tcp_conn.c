@@ -5,7 +5,7 @@
  * Sending: a batch of queued slices (headers and WRITE payloads, straight
  * from the caller's memory) moves to the in-flight FIFO and goes out in one
  * sendmsg, resumed where the socket took less.  Receiving: responses are
- * read through the thread's scratch buffer (many per recv), a READ's data
+ * read 4 KiB at a time through the thread's scratch buffer, a READ's data
  * go straight into the caller's buffer but for what the scratch already
  * holds.  A response can only come after the target read the whole slice,
  * so finishing it while the rest of its batch is still being sent is safe.
@@ -28,6 +28,10 @@
 #define SEND_BATCH_BYTES (4u << 20)
 /* What one connection may move per event before the others of its thread get a turn. */
 #define BUDGET_BYTES (4u << 20)
+/* Responses are read this much at a time: 256 per recv, while a READ's data
+ * past them (but for what came in the same recv) goes straight into the
+ * caller's buffer, not through the scratch. */
+#define RX_READ_AHEAD 4096u
 
 /* ---------------- connecting ---------------- */
 
@@ -358,7 +362,7 @@ static ferry_status_t conn_receive(ferry_tcp_conn_t *conn, int *clean_end_p)
     while (budget > 0) {
         ferry_slice_t *reading = conn->rx_read;
         unsigned char *dst = scratch + conn->rx_partial_len;
-        size_t want = FERRY_TCP_SCRATCH - conn->rx_partial_len;
+        size_t want = RX_READ_AHEAD - conn->rx_partial_len;
         if (reading != NULL) {
             dst = (unsigned char *)reading->local + conn->rx_read_got;
             want = FERRY_MIN(reading->length - conn->rx_read_got, budget);
