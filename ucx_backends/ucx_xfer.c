@@ -52,11 +52,7 @@ static ferry_status_t group_result(ferry_ucx_group_t *group, ucs_status_t status
 void ferry_ucx_slices_finish(const ferry_transport_services_t *svc, ferry_slice_t *slices,
                              ferry_status_t status)
 {
-    for (ferry_slice_t *slice = slices, *next; slice != NULL; slice = next) {
-        next = slice->next;
-        slice->next = NULL;
-        svc->slice_done(slice, status);
-    }
+    ferry_transport_slices_done(svc, slices, status);
 }
 
 static void group_finish(ferry_ucx_group_t *group)
@@ -359,12 +355,12 @@ static void direct_copies_run(direct_copies_t *c)
     ferry_copy_many(c->copies, c->count);
 }
 
+/* One chain, one call: the engine settles the run's requests together. */
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
 {
-    for (size_t i = 0; i < c->count; i++) {
-        c->slices[i]->next = NULL;
-        svc->slice_done(c->slices[i], FERRY_OK);
-    }
+    for (size_t i = 0; i < c->count; i++)
+        c->slices[i]->next = i + 1 < c->count ? c->slices[i + 1] : NULL;
+    ferry_transport_slices_done(svc, c->count > 0 ? c->slices[0] : NULL, FERRY_OK);
 }
 
 /*

@@ -84,17 +84,25 @@ ferry_status_t ferry_shm_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_shm_peer_put(p);
         return first;
     }
-    for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
-        next = s->next;
+    /* The slices finish in runs of one result, a call per run (one, as a
+     * rule): the engine settles a run's requests together. */
+    ferry_slice_t *run = slices, *last = NULL;
+    ferry_status_t run_status = FERRY_OK;
+    for (ferry_slice_t *s = slices; s != NULL; last = s, s = s->next) {
         ferry_status_t status = s == slices ? FERRY_OK : copy_slice(p, s);
         if (status != FERRY_OK)
             ferry_error("shm: %s of [0x%llx, +%zu) at %s failed: %s",
                         s->opcode == FERRY_OP_WRITE ? "write" : "read",
                         (unsigned long long)s->remote_addr, s->length, peer->name,
                         ferry_status_string(status));
-        s->next = NULL;
-        shm->svc.slice_done(s, status);
+        if (status != run_status) {
+            last->next = NULL;
+            ferry_transport_slices_done(&shm->svc, run, run_status);
+            run = s;
+            run_status = status;
+        }
     }
+    ferry_transport_slices_done(&shm->svc, run, run_status);
     ferry_shm_peer_put(p);
     return FERRY_OK;
 }
