@@ -14,30 +14,31 @@
 #include <time.h>
 
 typedef struct request_state {
-    /* What resolve, launch and completion touch comes first, together. */
+    /* What completion reads comes first, in one cache line; then what
+     * resolve and launch use. */
     struct ferry_batch *batch;
     atomic_size_t slices_left;
     atomic_int error;      /* first failure, 0 if none */
     atomic_int state;      /* ferry_xfer_state_t */
+    int staged;            /* see local_accel */
+    int copier;            /* counted in at segment (epoch), -1: not */
+    ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
+    ferry_segment_t *segment;
     ferry_opcode_t opcode;
     int transport;                      /* engine transport index, -1: local copy */
     void *local;
     uint64_t remote_addr;
     size_t length;
-    ferry_segment_t *segment;
     ferry_descriptor_t *desc;           /* held while the request lives */
     uint64_t desc_version;              /* the segment's, with desc (0: none) */
     const ferry_desc_buffer_t *buffer;  /* inside desc */
     int wanted;                         /* the request's own transport, -1: none */
     int desc_transport;                 /* index in desc->transports */
-    ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
     /* The local buffer is device memory of this vendor (NULL: host).  When
      * the transport takes host memory only, each slice goes through a
-     * staging buffer: chunks[i] is slice i's, from launch until its
-     * slice_done (or until a refused submit gives it back). */
+     * staging buffer (staged): chunks[i] is slice i's, from launch until
+     * its slice is done (or until a refused submit gives it back). */
     const ferry_accel_ops_t *local_accel;
-    int staged;
-    int copier;                         /* counted in at segment (epoch), -1: not */
     /* The request's slices: one_slice when it is one (a small request:
      * the slot's own storage, no allocation), else many_slices. */
     ferry_slice_t *slices;
@@ -376,26 +377,35 @@ static int range_within(uint64_t addr, uint64_t length, uint64_t start, uint64_t
     return addr >= start && length <= size && addr - start <= size - length;
 }
 
-/* The local buffer's registry entry: the previous request's (its hold
- * keeps the entry alive; ours is owed) or the batch's last one (see
- * kept_entry) when it holds this range too, so that neither a run of
- * requests from one buffer nor a ping-pong's every write needs a lookup or
- * a lock; else a lookup. */
-static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
-                                      const request_state_t *prev, owed_t *owed)
+/* The local buffer's registry entry when the previous request's does not
+ * hold it: the batch's last one (see kept_entry) if it does, so that a
+ * ping-pong's every write needs no lookup and no lock; else a lookup. */
+static ferry_reg_entry_t *local_entry_found(ferry_engine_t *engine, const request_state_t *req)
 {
     uintptr_t addr = (uintptr_t)req->local;
-    ferry_reg_entry_t *entry = prev ? prev->local_entry : req->batch->kept_entry;
-    if (entry != NULL && range_within(addr, req->length, entry->addr, entry->length)) {
-        if (prev == NULL)
-            return ferry_reg_entry_hold(entry) ? entry : NULL;
-        /* As ferry_reg_entry_hold: no new hold once unregister began. */
-        if (!(atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)) {
-            owe_entry(owed, entry);
-            return entry;
-        }
-    }
+    ferry_reg_entry_t *entry = req->batch->kept_entry;
+    if (entry != NULL && range_within(addr, req->length, entry->addr, entry->length) &&
+        ferry_reg_entry_hold(entry))
+        return entry;
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
+}
+
+/* The local buffer's registry entry: the previous request's when it holds
+ * this range too (its hold keeps the entry alive; ours is owed), so that a
+ * run of requests from one buffer needs no lookup, no lock and no atomic
+ * each. */
+static inline ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
+                                             const request_state_t *prev, owed_t *owed)
+{
+    ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
+    /* As ferry_reg_entry_hold: no new hold once unregister began. */
+    if (entry != NULL &&
+        range_within((uintptr_t)req->local, req->length, entry->addr, entry->length) &&
+        !(atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)) {
+        owe_entry(owed, entry);
+        return entry;
+    }
+    return local_entry_found(engine, req);
 }
 
 /* The vendor of the local buffer's device memory, NULL for host memory:
@@ -568,11 +578,8 @@ static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *reqs
 {
     if (!engine->transports[reqs->transport].one_sided)
         return FERRY_OK;
-    ferry_status_t status =
-        ferry_segment_copier_enter(reqs->segment, reqs->desc_version, (unsigned)n, &reqs->copier);
-    for (size_t i = 1; i < n; i++)
-        reqs[i].copier = reqs->copier;
-    return status;
+    return ferry_segment_copier_enter(reqs->segment, reqs->desc_version, (unsigned)n,
+                                      &reqs->copier); /* the others' set by the caller */
 }
 
 /* Cut the request into its transport's slices, linked by next (again only
@@ -621,6 +628,25 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
     if (slice_size == 0 || slice_size > req->length)
         slice_size = req->length;
     size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
+    if (count == 1 && !req->staged) {
+        /* The common small request: its one slice is the slot's own. */
+        ferry_slice_t *slice = &req->one_slice;
+        slice->opcode = req->opcode;
+        slice->local = req->local;
+        slice->remote_addr = req->remote_addr;
+        slice->length = req->length;
+        slice->remote_key = req->buffer->keys[req->desc_transport];
+        slice->local_memh = req->local_entry ? req->local_entry->memh[req->transport] : NULL;
+        slice->local_device = req->local_accel != NULL;
+        slice->owner = req;
+        slice->next = NULL;
+        req->slices = slice;
+        req->n_slices = 1;
+        req->slices_entry = req->local_entry;
+        req->slices_made = 1;
+        atomic_store_explicit(&req->slices_left, 1, memory_order_release);
+        return FERRY_OK;
+    }
     if (count > 1 && count > req->many_cap) {
         ferry_slice_t *grown = realloc(req->many_slices, count * sizeof(*grown));
         if (grown == NULL)
@@ -695,6 +721,8 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
     if (status != FERRY_OK)
         return status; /* nothing counted */
     for (size_t i = 0; i < n && status == FERRY_OK; i++) {
+        reqs[i].copier = reqs->copier;
+        atomic_store_explicit(&reqs[i].state, FERRY_XFER_PENDING, memory_order_release);
         status = prepare_slices(engine, &reqs[i]);
         if (status != FERRY_OK)
             break;
@@ -796,8 +824,6 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
  * refresh-and-retry). */
 static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        atomic_store_explicit(&reqs[i].state, FERRY_XFER_PENDING, memory_order_release);
     if (submit_run(engine, reqs, n) == FERRY_OK)
         return; /* the slices are the transport's now: reqs may finish any time */
     for (size_t i = 0; i < n; i++) {
