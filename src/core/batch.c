@@ -237,8 +237,7 @@ void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status)
         request_state_t *req = slice->owner;
         unsigned done = 0;
         do {
-            ferry_slice_t *next = slice->next;
-            slice->next = NULL;
+            ferry_slice_t *next = slice->next; /* relinked at the next launch */
             ferry_status_t result = req->staged ? unstage_slice(req, slice, status) : status;
             if (result != FERRY_OK) {
                 int expected = 0;
@@ -448,12 +447,9 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     atomic_init(&req->slices_left, 0);
     atomic_init(&req->error, 0);
     atomic_init(&req->state, FERRY_XFER_WAITING);
-    req->desc = NULL;
+    req->desc = NULL; /* with local_entry: what requests_release reads */
     req->desc_version = 0;
-    req->buffer = NULL;
-    req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
-    req->local_accel = NULL;
     req->staged = 0;
     req->copier = -1;
     req->slices_made = req->peer_made = 0;
