@@ -156,7 +156,7 @@ static void settle_all(settle_t *s)
 }
 
 /* The request is done: its state is published and its holds join s. */
-static void request_finish(request_state_t *req, settle_t *s)
+static inline void request_finish(request_state_t *req, settle_t *s)
 {
     ferry_batch_t *batch = req->batch;
     if (s->batch != batch) {
@@ -578,8 +578,6 @@ static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *reqs
                                       &reqs->copier); /* the others' set by the caller */
 }
 
-/* Cut the request into its transport's slices, linked by next (again only
- * the links, when they were cut for this resolution and local entry). */
 /* Whether the request's local buffer is device memory its transport does
  * not take (it is staged). */
 static int needs_staging(const ferry_engine_t *engine, const request_state_t *req)
@@ -609,22 +607,15 @@ static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, 
     return FERRY_OK;
 }
 
-static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
+static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t *req);
+
+/* Cut the request into its transport's slices, linked by next (again only
+ * the links, when they were cut for this resolution and local entry). */
+static inline ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
     req->staged = needs_staging(engine, req);
-    if (req->slices_made && req->slices_entry == req->local_entry) {
-        for (size_t i = 0; i < req->n_slices; i++)
-            req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
-        atomic_store_explicit(&req->slices_left, req->n_slices, memory_order_release);
-        return FERRY_OK;
-    }
     size_t slice_size = engine->transports[req->transport].slice_size;
-    if (req->staged && (slice_size == 0 || slice_size > engine->stage.chunk_size))
-        slice_size = engine->stage.chunk_size;
-    if (slice_size == 0 || slice_size > req->length)
-        slice_size = req->length;
-    size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
-    if (count == 1 && !req->staged) {
+    if (!req->staged && (slice_size == 0 || slice_size >= req->length) && !req->slices_made) {
         /* The common small request: its one slice is the slot's own. */
         ferry_slice_t *slice = &req->one_slice;
         slice->opcode = req->opcode;
@@ -643,6 +634,23 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
         atomic_store_explicit(&req->slices_left, 1, memory_order_release);
         return FERRY_OK;
     }
+    return prepare_slices_cut(engine, req);
+}
+
+static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t *req)
+{
+    if (req->slices_made && req->slices_entry == req->local_entry) {
+        for (size_t i = 0; i < req->n_slices; i++)
+            req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
+        atomic_store_explicit(&req->slices_left, req->n_slices, memory_order_release);
+        return FERRY_OK;
+    }
+    size_t slice_size = engine->transports[req->transport].slice_size;
+    if (req->staged && (slice_size == 0 || slice_size > engine->stage.chunk_size))
+        slice_size = engine->stage.chunk_size;
+    if (slice_size == 0 || slice_size > req->length)
+        slice_size = req->length;
+    size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
     if (count > 1 && count > req->many_cap) {
         ferry_slice_t *grown = realloc(req->many_slices, count * sizeof(*grown));
         if (grown == NULL)
