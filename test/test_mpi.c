@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "shell_run.h"
+
 #define OUTPUT_MAX (1 << 16)
 
 static char output[OUTPUT_MAX];
@@ -28,42 +30,13 @@ static void setup(void)
     unsetenv("FERRY_SEGMENT_NAME");
     /* Segment descriptors carry loopback addresses: one host. */
     setenv("FERRY_RPC_ADDRESS", "127.0.0.1", 1);
-    /* MPI and PMIx keep memory until exit; a sanitizer build reports only
-     * Ferry's own leaks. */
-    static char lsan[1200];
-    const char *srcdir = getenv("FERRY_SRCDIR");
-    snprintf(lsan, sizeof(lsan), "suppressions=%s/test/lsan-mpi.supp:print_suppressions=0",
-             srcdir ? srcdir : ".");
-    setenv("LSAN_OPTIONS", lsan, 1);
-    /* Full stacks, so that suppressions match frames under MPI's plugins
-     * (the fast unwinder stops at them: "<unknown module>"). */
-    static char asan[1200];
-    const char *given = getenv("ASAN_OPTIONS");
-    snprintf(asan, sizeof(asan), "%s%sfast_unwind_on_malloc=0", given ? given : "",
-             given && *given ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
+    shell_env_for_mpi_jobs();
 }
 
 TestSuite(mpi, .init = setup, .timeout = 300);
 
-/* Run a shell command; its output (stdout and stderr) goes to `output`. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char command[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(command, sizeof(command), fmt, ap);
-    va_end(ap);
-    char full[4200];
-    snprintf(full, sizeof(full), "{ %s; } 2>&1", command); /* the command's own 2> wins */
-    FILE *pipe = popen(full, "r");
-    cr_assert_not_null(pipe);
-    size_t n = fread(output, 1, sizeof(output) - 1, pipe);
-    output[n] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+/* A shell command; its output (stdout and stderr) goes to `output`. */
+#define run(...) shell_run(output, sizeof(output), __VA_ARGS__)
 
 static const char *builddir(void)
 {

@@ -714,6 +714,85 @@ Test(rpc, stop_with_open_connections)
     start_server(TIMEOUT_MS); /* for teardown */
 }
 
+/* The listener's cost follows ready connections, not open ones: with
+ * thousands of idle ones held, calls are answered, the idle ones all close
+ * at their idle timeout (each from the deadline heap, none missed), and the
+ * counters saw every call. */
+Test(rpc, thousands_of_idle_connections_cost_calls_nothing_and_all_expire)
+{
+    enum { IDLE = 2000, CALLS = 200, IDLE_MS = 1500 };
+    ferry_rpc_server_stop(server);
+    ferry_rpc_server_limits_t limits = {.max_frame = MAX_FRAME, .timeout_ms = 2000,
+                                        .idle_timeout_ms = IDLE_MS, .max_conns = IDLE + 64};
+    start_server_with(&limits);
+    int *fds = calloc(IDLE, sizeof(*fds));
+    cr_assert_not_null(fds);
+    uint64_t accepted = ferry_rpc_counter_get(FERRY_RPC_COUNT_ACCEPTED);
+    uint64_t fetches = ferry_rpc_counter_get(FERRY_RPC_COUNT_SERVED_FETCH);
+    uint64_t start = ferry_time_ms();
+    for (int i = 0; i < IDLE; i++)
+        fds[i] = raw_connect();
+    for (int i = 0; i < CALLS; i++)
+        assert_call_echoes("among idle ones");
+    uint64_t opened_and_called = ferry_time_ms() - start;
+    cr_assert_eq(ferry_rpc_counter_get(FERRY_RPC_COUNT_SERVED_FETCH) - fetches, CALLS);
+    cr_assert_geq(ferry_rpc_counter_get(FERRY_RPC_COUNT_ACCEPTED) - accepted, IDLE + CALLS);
+    /* Every idle one is closed by the server, none before its timeout
+     * (counted from its accept, which came after `start`). */
+    int closed = 0;
+    for (int i = 0; i < IDLE; i++) {
+        long waited = wait_closed(fds[i], IDLE_MS + 5000);
+        closed += waited >= 0;
+        close(fds[i]);
+    }
+    cr_assert_eq(closed, IDLE, "%d of %d idle connections closed", closed, IDLE);
+    cr_assert_geq(ferry_time_ms() - start, IDLE_MS, "closed before the idle timeout");
+    cr_log_info("%d idle connections + %d calls: %llu ms", IDLE, CALLS,
+                (unsigned long long)opened_and_called);
+    free(fds);
+}
+
+Test(heap, earliest_deadline_first_through_moves_and_removals)
+{
+    enum { N = 500 };
+    static ferry_deadline_entry_t entries[N];
+    ferry_deadline_heap_t heap;
+    cr_assert_eq(ferry_deadline_heap_init(&heap, N), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        entries[i] = (ferry_deadline_entry_t)FERRY_DEADLINE_ENTRY_INIT;
+    unsigned seed = 19;
+    for (int step = 0; step < 20000; step++) {
+        ferry_deadline_entry_t *entry = &entries[rand_r(&seed) % N];
+        /* One in four removes (UINT64_MAX), the others queue or move. */
+        uint64_t deadline = rand_r(&seed) % 4 == 0 ? UINT64_MAX : (uint64_t)(rand_r(&seed) % 1000);
+        ferry_deadline_heap_set(&heap, entry, deadline);
+        uint64_t earliest = UINT64_MAX;
+        size_t queued = 0;
+        for (int i = 0; i < N; i++) {
+            if (entries[i].index == FERRY_DEADLINE_UNQUEUED)
+                continue;
+            queued++;
+            earliest = FERRY_MIN(earliest, entries[i].deadline);
+            cr_assert_eq(heap.entries[entries[i].index], &entries[i]);
+        }
+        cr_assert_eq(heap.count, queued);
+        ferry_deadline_entry_t *top = ferry_deadline_heap_top(&heap);
+        if (queued == 0)
+            cr_assert_null(top);
+        else
+            cr_assert_eq(top->deadline, earliest, "step %d", step);
+    }
+    /* Draining from the top gives the deadlines in order. */
+    uint64_t last = 0;
+    ferry_deadline_entry_t *top;
+    while ((top = ferry_deadline_heap_top(&heap)) != NULL) {
+        cr_assert_geq(top->deadline, last);
+        last = top->deadline;
+        ferry_deadline_heap_set(&heap, top, UINT64_MAX);
+    }
+    ferry_deadline_heap_fini(&heap);
+}
+
 Test(frame, header_round_trip_and_rejections)
 {
     ferry_rpc_header_t in = {.magic = FERRY_RPC_MAGIC, .version = FERRY_RPC_VERSION,

@@ -225,6 +225,8 @@ enum {
     FERRY_INFO_PLUGINS = 1u << 1,
     FERRY_INFO_SETTINGS = 1u << 2,
     FERRY_INFO_DEVICES = 1u << 3, /* accelerator modules, their state and devices */
+    FERRY_INFO_COUNTERS = 1u << 4, /* this process's control-plane counters ("name value"
+                                    * lines: RPC requests served and made, connections) */
 };
 FERRY_API void ferry_info_print(FILE *out, unsigned what);
 FERRY_API const char *ferry_version_string(void);

@@ -1,7 +1,8 @@
-/* What ferry_info prints: version, plugins, settings. */
+/* What ferry_info prints: version, plugins, settings, devices, counters. */
 #include <config.h>
 
 #include "core.h"
+#include "../rpc/rpc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,22 @@ const char *ferry_version_string(void)
     return PACKAGE_VERSION;
 }
 
+static void print_counters(FILE *out)
+{
+    fprintf(out, "# counters (this process)\n");
+    for (int i = 0; i < FERRY_RPC_COUNT_MAX; i++)
+        fprintf(out, "%s %llu\n", ferry_rpc_counter_name((ferry_rpc_count_t)i),
+                (unsigned long long)ferry_rpc_counter_get((ferry_rpc_count_t)i));
+}
+
 void ferry_info_print(FILE *out, unsigned what)
 {
+    if (what & FERRY_INFO_COUNTERS)
+        print_counters(out);
+    /* Counters alone: a benchmark asks between phases, and must not load
+     * every module to do it. */
+    if ((what & ~(unsigned)FERRY_INFO_COUNTERS) == 0)
+        return;
     ferry_plugin_list_t all;
     const char *module_dir = getenv("FERRY_MODULE_DIR");
     ferry_plugin_list_all(module_dir, &all);

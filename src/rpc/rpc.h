@@ -89,6 +89,27 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
                         size_t length, unsigned timeout_ms, size_t max_frame,
                         ferry_status_t *statuses);
 
+/* ---- rpc_counters.c: what this process's RPC did, for ferry_info_print's
+ * FERRY_INFO_COUNTERS (benchmarks count a store's requests with them).
+ * Process-wide, relaxed atomics: control plane, never a hot path. ---- */
+typedef enum ferry_rpc_count {
+    FERRY_RPC_COUNT_SERVED_FETCH,      /* requests served, by type */
+    FERRY_RPC_COUNT_SERVED_NOTIFY,
+    FERRY_RPC_COUNT_SERVED_PROBE,
+    FERRY_RPC_COUNT_SERVED_INVALIDATE,
+    FERRY_RPC_COUNT_SERVED_OTHER,      /* a type that is no request: an error reply */
+    FERRY_RPC_COUNT_ACCEPTED,          /* connections the listeners took */
+    FERRY_RPC_COUNT_EVICTED,           /* idle ones closed for a newcomer */
+    FERRY_RPC_COUNT_REFUSED,           /* newcomers closed: caps reached, none idle */
+    FERRY_RPC_COUNT_CALLS,             /* ferry_rpc_call: requests made */
+    FERRY_RPC_COUNT_CALLS_FANNED_OUT,  /* ferry_rpc_call_all: endpoints asked */
+    FERRY_RPC_COUNT_MAX
+} ferry_rpc_count_t;
+void ferry_rpc_counter_add(ferry_rpc_count_t which, uint64_t n);
+uint64_t ferry_rpc_counter_get(ferry_rpc_count_t which);
+/* "rpc.served.fetch", ...; NULL past the last. */
+const char *ferry_rpc_counter_name(ferry_rpc_count_t which);
+
 /* ---- wire.c: payload encoding (big-endian, length-prefixed strings) ---- */
 
 typedef struct ferry_wire_writer {

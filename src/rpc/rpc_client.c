@@ -156,6 +156,7 @@ ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payloa
     if (endpoint == NULL || type < FERRY_RPC_FETCH || type > FERRY_RPC_ERROR_REPLY ||
         (payload == NULL && length > 0))
         return FERRY_ERR_INVALID_PARAM;
+    ferry_rpc_counter_add(FERRY_RPC_COUNT_CALLS, 1);
     size_t limit = FERRY_MIN(max_frame, (size_t)UINT32_MAX);
     if (length > limit) {
         ferry_error("RPC request of %zu bytes to %s exceeds the %zu-byte frame limit", length,

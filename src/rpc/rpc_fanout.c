@@ -97,6 +97,7 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
                         size_t length, unsigned timeout_ms, size_t max_frame,
                         ferry_status_t *statuses)
 {
+    ferry_rpc_counter_add(FERRY_RPC_COUNT_CALLS_FANNED_OUT, n);
     call_t *calls = calloc(n ? n : 1, sizeof(*calls));
     struct pollfd *fds = calloc(n ? n : 1, sizeof(*fds));
     uint8_t *frame = malloc(FERRY_RPC_HEADER_SIZE + length);

@@ -1,18 +1,31 @@
 /*
- * RPC server: one thread, one poll() loop over the listening socket, a wake-up
- * eventfd and the client connections.  Sockets are non-blocking so that a
- * slow or hostile peer can only ever cost its own connection.
+ * RPC server: one thread, one epoll set holding the listening socket, a
+ * wake-up eventfd and the client connections.  Sockets are non-blocking so
+ * that a slow or hostile peer can only ever cost its own connection.
+ *
+ * Cost per wake-up follows the connections that are ready, not those that
+ * are open: epoll reports the ready ones (level-triggered, so a connection
+ * cut short by the per-event read bound is reported again on the next
+ * wake-up), and every connection's next deadline sits in a min-heap, so the
+ * wait's timeout is the heap's top and only expired connections are looked
+ * at.  Only admission past the caps walks the connections (counting one
+ * source's, finding the idle longest): it happens when the listener is full.
  *
  * Per connection, requests are handled one at a time: read the header, then
  * the payload, call the handler, queue the reply.  While a reply has not gone
- * out, the connection is not read, so a client that pipelines requests without
- * reading replies is held back by TCP instead of growing our memory.
+ * out, the connection is not read (epoll watches it for output only), so a
+ * client that pipelines requests without reading replies is held back by
+ * TCP instead of growing our memory.
  *
  * What clients can hold is bounded (limits in rpc.h): a frame must complete
  * and a reply must move within the timeout, an idle connection closes after
  * the idle timeout, and a new connection past the per-source or the global
  * cap evicts the connection idle longest -- so a flood of idle connections
  * costs the flooder its oldest ones, never another client its call.
+ *
+ * A connection is freed only by the server thread, and only outside the
+ * loop over one wait's events, except for the connection that event is
+ * about: no event of the same batch can point at a freed connection.
  */
 #include "rpc.h"
 
@@ -22,11 +35,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -45,9 +58,16 @@
 #define RPC_ACCEPTS_PER_EVENT 16
 /* Idle-looking connections found with a request in, before giving up. */
 #define RPC_EVICT_TRIES 8
+/* Ready connections taken from epoll per wait; more wait for the next one
+ * (epoll hands them out in turn). */
+#define RPC_EVENTS_PER_WAIT 256
 
 typedef struct rpc_conn {
     int fd;
+    size_t slot;             /* its index in server->conns */
+    uint64_t serial;         /* accept order: of two idle since the same ms, the older goes */
+    uint32_t watched;        /* EPOLLIN or EPOLLOUT: what epoll reports for it now */
+    ferry_deadline_entry_t deadline; /* in server->deadlines while it has one */
     char peer[INET6_ADDRSTRLEN + 8];
     ferry_net_source_t source;
     uint8_t header_bytes[FERRY_RPC_HEADER_SIZE];
@@ -68,26 +88,51 @@ typedef struct rpc_conn {
 struct ferry_rpc_server {
     int listen_fd;
     int wake_fd;
+    int epoll_fd;
     pthread_t thread;
     ferry_rpc_server_limits_t limits;
     ferry_rpc_handler_fn handler;
     void *arg;
-    /* Everything below belongs to the server thread alone. */
-    rpc_conn_t **conns; /* limits.max_conns of them */
-    struct pollfd *fds; /* 2 + limits.max_conns */
+    /* Everything below belongs to the server thread alone (and to stop,
+     * after the join). */
+    rpc_conn_t **conns; /* limits.max_conns slots; [0, n_conns) used, in no order */
     size_t n_conns;
-    uint64_t accept_paused_until_ms;
+    uint64_t next_serial;
+    ferry_deadline_heap_t deadlines; /* of the connections that have one */
+    uint64_t accept_paused_until_ms; /* 0: the listener is watched */
     ferry_log_burst_t refused;
 };
 
-static void conn_close(ferry_rpc_server_t *server, size_t index)
+/* What epoll's data.ptr is for the two sockets that are not connections. */
+#define RPC_TAG_WAKE(server) ((void *)&(server)->wake_fd)
+#define RPC_TAG_LISTEN(server) ((void *)&(server)->listen_fd)
+
+static rpc_conn_t *conn_of_deadline(ferry_deadline_entry_t *entry)
 {
-    rpc_conn_t *conn = server->conns[index];
+    return (rpc_conn_t *)((char *)entry - offsetof(rpc_conn_t, deadline));
+}
+
+/* Unlink it from the table and the heap, then free it.  close() also takes
+ * it out of the epoll set (nobody else holds the descriptor). */
+static void conn_close(ferry_rpc_server_t *server, rpc_conn_t *conn)
+{
+    ferry_deadline_heap_set(&server->deadlines, &conn->deadline, UINT64_MAX);
+    rpc_conn_t *last = server->conns[--server->n_conns];
+    server->conns[conn->slot] = last;
+    last->slot = conn->slot;
     close(conn->fd);
     free(conn->payload);
     free(conn->out);
     free(conn);
-    server->conns[index] = NULL;
+}
+
+static int watch(ferry_rpc_server_t *server, int op, int fd, uint32_t events, void *tag)
+{
+    struct epoll_event event = {.events = events, .data.ptr = tag};
+    if (epoll_ctl(server->epoll_fd, op, fd, &event) == 0)
+        return 1;
+    ferry_error("RPC server: epoll_ctl: %s", strerror(errno));
+    return 0;
 }
 
 static void format_peer(const struct sockaddr_storage *addr, socklen_t addrlen, char *out,
@@ -123,10 +168,25 @@ static ssize_t oldest_idle(const ferry_rpc_server_t *server, const ferry_net_sou
         if (!conn_is_idle(conn) ||
             (source != NULL && memcmp(&conn->source, source, sizeof(*source)) != 0))
             continue;
-        if (oldest < 0 || conn->active_ms < server->conns[oldest]->active_ms)
+        const rpc_conn_t *best = oldest < 0 ? NULL : server->conns[oldest];
+        if (best == NULL || conn->active_ms < best->active_ms ||
+            (conn->active_ms == best->active_ms && conn->serial < best->serial))
             oldest = (ssize_t)i;
     }
     return oldest;
+}
+
+static void conn_rearm(ferry_rpc_server_t *server, rpc_conn_t *conn);
+
+/* Connections from source; only counted when they could reach the cap. */
+static size_t open_from(const ferry_rpc_server_t *server, const ferry_net_source_t *source)
+{
+    if (server->n_conns < server->limits.max_conns_per_source)
+        return server->n_conns; /* all of them are below the cap, whatever their source */
+    size_t same = 0;
+    for (size_t i = 0; i < server->n_conns; i++)
+        same += memcmp(&server->conns[i]->source, source, sizeof(*source)) == 0;
+    return same;
 }
 
 /* Make room for a connection from source.  Returns 0 when the caps are
@@ -134,10 +194,8 @@ static ssize_t oldest_idle(const ferry_rpc_server_t *server, const ferry_net_sou
 static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *source,
                      const char *peer, uint64_t now)
 {
-    size_t same = 0;
-    for (size_t i = 0; i < server->n_conns; i++)
-        same += memcmp(&server->conns[i]->source, source, sizeof(*source)) == 0;
-    ferry_net_admit_t admit = ferry_net_admit(server->n_conns, same, server->limits.max_conns,
+    ferry_net_admit_t admit = ferry_net_admit(server->n_conns, open_from(server, source),
+                                              server->limits.max_conns,
                                               server->limits.max_conns_per_source);
     if (admit == FERRY_NET_ADMIT)
         return 1;
@@ -146,8 +204,9 @@ static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *sourc
     for (int attempt = 0; attempt < RPC_EVICT_TRIES && victim < 0; attempt++) {
         victim = oldest_idle(server, from);
         if (victim >= 0 && ferry_net_has_input(server->conns[victim]->fd)) {
-            /* Its request came in since the last poll: busy in all but name. */
+            /* Its request came in since the last wait: busy in all but name. */
             server->conns[victim]->active_ms = now;
+            conn_rearm(server, server->conns[victim]);
             victim = -1;
         }
     }
@@ -159,13 +218,27 @@ static int make_room(ferry_rpc_server_t *server, const ferry_net_source_t *sourc
     rpc_conn_t *conn = server->conns[victim];
     ferry_debug("RPC server: closing the connection from %s, idle for %llu ms, for one from %s",
                 conn->peer, (unsigned long long)(now - conn->active_ms), peer);
-    conn_close(server, (size_t)victim);
-    /* Kept in accept order, so of two idle since the same millisecond the
-     * older goes first. */
-    memmove(&server->conns[victim], &server->conns[victim + 1],
-            (server->n_conns - (size_t)victim - 1) * sizeof(server->conns[0]));
-    server->n_conns--;
+    conn_close(server, conn);
+    ferry_rpc_counter_add(FERRY_RPC_COUNT_EVICTED, 1);
     return 1;
+}
+
+/* Stop watching the listener for a moment: the pending connection stays
+ * queued and the listener readable, and level-triggered epoll would spin. */
+static void pause_accepting(ferry_rpc_server_t *server, uint64_t now)
+{
+    if (server->accept_paused_until_ms == 0 &&
+        !watch(server, EPOLL_CTL_MOD, server->listen_fd, 0, RPC_TAG_LISTEN(server)))
+        return;
+    server->accept_paused_until_ms = now + RPC_ACCEPT_PAUSE_MS;
+}
+
+static void resume_accepting(ferry_rpc_server_t *server, uint64_t now)
+{
+    if (server->accept_paused_until_ms == 0 || now < server->accept_paused_until_ms)
+        return;
+    if (watch(server, EPOLL_CTL_MOD, server->listen_fd, EPOLLIN, RPC_TAG_LISTEN(server)))
+        server->accept_paused_until_ms = 0;
 }
 
 static void accept_all(ferry_rpc_server_t *server, uint64_t now)
@@ -180,10 +253,8 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return;
-            /* The pending connection stays queued and the listener stays
-             * readable: step back for a moment instead of spinning. */
             warn_refused(server, now, strerror(errno));
-            server->accept_paused_until_ms = now + RPC_ACCEPT_PAUSE_MS;
+            pause_accepting(server, now);
             return;
         }
         ferry_net_source_t source;
@@ -192,12 +263,14 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
         format_peer(&addr, addrlen, peer, sizeof(peer));
         if (!make_room(server, &source, peer, now)) {
             close(fd);
+            ferry_rpc_counter_add(FERRY_RPC_COUNT_REFUSED, 1);
             continue;
         }
         rpc_conn_t *conn = calloc(1, sizeof(*conn));
         if (conn == NULL) {
             close(fd);
             warn_refused(server, now, "out of memory");
+            ferry_rpc_counter_add(FERRY_RPC_COUNT_REFUSED, 1);
             continue;
         }
         /* Pipelined replies are small writes; Nagle would hold each one back
@@ -207,9 +280,21 @@ static void accept_all(ferry_rpc_server_t *server, uint64_t now)
         conn->fd = fd;
         conn->active_ms = now;
         conn->source = source;
+        conn->serial = server->next_serial++;
+        conn->watched = EPOLLIN;
+        conn->deadline = (ferry_deadline_entry_t)FERRY_DEADLINE_ENTRY_INIT;
         memcpy(conn->peer, peer, sizeof(peer));
+        if (!watch(server, EPOLL_CTL_ADD, fd, EPOLLIN, conn)) {
+            close(fd);
+            free(conn);
+            ferry_rpc_counter_add(FERRY_RPC_COUNT_REFUSED, 1);
+            continue;
+        }
+        conn->slot = server->n_conns;
         server->conns[server->n_conns++] = conn;
+        ferry_rpc_counter_add(FERRY_RPC_COUNT_ACCEPTED, 1);
         ferry_trace("RPC connection from %s", conn->peer);
+        conn_rearm(server, conn); /* queues its idle deadline (may close it: last) */
     }
 }
 
@@ -289,6 +374,17 @@ static int is_request_type(int type)
            type == FERRY_RPC_INVALIDATE;
 }
 
+static ferry_rpc_count_t served_counter(int type)
+{
+    switch (type) {
+    case FERRY_RPC_FETCH: return FERRY_RPC_COUNT_SERVED_FETCH;
+    case FERRY_RPC_NOTIFY: return FERRY_RPC_COUNT_SERVED_NOTIFY;
+    case FERRY_RPC_PROBE: return FERRY_RPC_COUNT_SERVED_PROBE;
+    case FERRY_RPC_INVALIDATE: return FERRY_RPC_COUNT_SERVED_INVALIDATE;
+    default: return FERRY_RPC_COUNT_SERVED_OTHER;
+    }
+}
+
 /* Run the handler on the complete frame and queue its reply. */
 static int conn_dispatch(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t now)
 {
@@ -298,6 +394,7 @@ static int conn_dispatch(ferry_rpc_server_t *server, rpc_conn_t *conn, uint64_t 
     void *reply = NULL;
     size_t reply_length = 0;
     const void *payload = conn->header.length ? conn->payload : empty;
+    ferry_rpc_counter_add(served_counter(type), 1);
     ferry_status_t status = server->handler(server->arg, type, payload, conn->header.length,
                                             &reply_type, &reply, &reply_length);
     if (reply == NULL)
@@ -459,59 +556,84 @@ static int conn_check_deadline(const ferry_rpc_server_t *server, const rpc_conn_
     return 0;
 }
 
+/* After the connection's state changed: watch it for what it waits for
+ * now, and queue its next deadline.  A failed epoll_ctl closes it: its
+ * events would never come. */
+static void conn_rearm(ferry_rpc_server_t *server, rpc_conn_t *conn)
+{
+    uint32_t want = conn->out_length > 0 ? EPOLLOUT : EPOLLIN;
+    if (want != conn->watched) {
+        if (!watch(server, EPOLL_CTL_MOD, conn->fd, want, conn)) {
+            conn_close(server, conn);
+            return;
+        }
+        conn->watched = want;
+    }
+    ferry_deadline_heap_set(&server->deadlines, &conn->deadline, conn_deadline(server, conn));
+}
+
+/* Close every connection whose deadline has passed: the heap's top ones. */
+static void expire(ferry_rpc_server_t *server, uint64_t now)
+{
+    ferry_deadline_entry_t *top;
+    while ((top = ferry_deadline_heap_top(&server->deadlines)) != NULL && top->deadline <= now) {
+        rpc_conn_t *conn = conn_of_deadline(top);
+        if (!conn_check_deadline(server, conn, now))
+            conn_close(server, conn);
+        else
+            conn_rearm(server, conn); /* not reached: its deadline is its state's */
+    }
+}
+
+static int wait_ms_until(const ferry_rpc_server_t *server, uint64_t now)
+{
+    uint64_t deadline = UINT64_MAX;
+    ferry_deadline_entry_t *top = ferry_deadline_heap_top(&server->deadlines);
+    if (top != NULL)
+        deadline = top->deadline;
+    if (server->accept_paused_until_ms != 0)
+        deadline = FERRY_MIN(deadline, server->accept_paused_until_ms);
+    if (deadline == UINT64_MAX)
+        return -1;
+    return deadline <= now ? 0 : (int)FERRY_MIN(deadline - now, (uint64_t)INT_MAX);
+}
+
 static void *server_main(void *arg)
 {
     ferry_rpc_server_t *server = arg;
-    struct pollfd *fds = server->fds;
+    struct epoll_event events[RPC_EVENTS_PER_WAIT];
     for (;;) {
+        int ready = epoll_wait(server->epoll_fd, events, RPC_EVENTS_PER_WAIT,
+                               wait_ms_until(server, ferry_time_ms()));
+        if (ready < 0 && errno != EINTR) {
+            ferry_error("RPC server: epoll_wait: %s", strerror(errno));
+            break;
+        }
         uint64_t now = ferry_time_ms();
-        uint64_t deadline = UINT64_MAX;
-        fds[0] = (struct pollfd){.fd = server->wake_fd, .events = POLLIN};
-        fds[1] = (struct pollfd){.fd = server->listen_fd, .events = POLLIN};
-        if (now < server->accept_paused_until_ms) {
-            fds[1].fd = -1; /* poll ignores negative descriptors */
-            deadline = server->accept_paused_until_ms;
-        }
-        size_t polled = server->n_conns;
-        for (size_t i = 0; i < polled; i++) {
-            rpc_conn_t *conn = server->conns[i];
-            fds[2 + i].fd = conn->fd;
-            fds[2 + i].events = conn->out_length > 0 ? POLLOUT : POLLIN;
-            fds[2 + i].revents = 0;
-            deadline = FERRY_MIN(deadline, conn_deadline(server, conn));
-        }
-        int wait_ms = -1;
-        if (deadline != UINT64_MAX)
-            wait_ms = deadline <= now ? 0 : (int)FERRY_MIN(deadline - now, (uint64_t)INT_MAX);
-        int rc = poll(fds, 2 + polled, wait_ms);
-        if (rc < 0 && errno != EINTR) {
-            ferry_error("RPC server: poll: %s", strerror(errno));
-            break;
-        }
-        if (rc > 0 && (fds[0].revents & POLLIN))
-            break;
-        now = ferry_time_ms();
-        for (size_t i = 0; rc > 0 && i < polled; i++) {
-            rpc_conn_t *conn = server->conns[i];
-            short revents = fds[2 + i].revents;
-            if (revents == 0)
+        int stop = 0, listener_ready = 0;
+        for (int i = 0; i < ready; i++) {
+            void *tag = events[i].data.ptr;
+            if (tag == RPC_TAG_WAKE(server)) {
+                stop = 1;
                 continue;
+            }
+            if (tag == RPC_TAG_LISTEN(server)) {
+                listener_ready = 1;
+                continue;
+            }
+            rpc_conn_t *conn = tag;
             int ok = conn->out_length > 0 ? conn_flush(conn, now) : conn_read(server, conn, now);
-            if (!ok)
-                conn_close(server, i);
+            if (ok)
+                conn_rearm(server, conn);
+            else
+                conn_close(server, conn);
         }
-        for (size_t i = 0; i < polled; i++) {
-            if (server->conns[i] != NULL && !conn_check_deadline(server, server->conns[i], now))
-                conn_close(server, i);
-        }
-        /* Compact before accepting so freed slots are reusable right away. */
-        size_t kept = 0;
-        for (size_t i = 0; i < server->n_conns; i++) {
-            if (server->conns[i] != NULL)
-                server->conns[kept++] = server->conns[i];
-        }
-        server->n_conns = kept;
-        if (rc > 0 && (fds[1].revents & POLLIN))
+        if (stop)
+            break;
+        expire(server, now);
+        /* After closing, so freed slots are reusable right away. */
+        resume_accepting(server, now);
+        if (listener_ready)
             accept_all(server, now);
     }
     return NULL;
@@ -538,14 +660,20 @@ ferry_status_t ferry_rpc_server_start(const char *host, int port,
 
     ferry_status_t status = FERRY_ERR_NO_MEMORY;
     server->conns = calloc(limits->max_conns, sizeof(*server->conns));
-    server->fds = calloc(2 + (size_t)limits->max_conns, sizeof(*server->fds));
-    if (server->conns == NULL || server->fds == NULL)
+    if (server->conns == NULL)
         goto err_free_server;
+    if (ferry_deadline_heap_init(&server->deadlines, limits->max_conns) != FERRY_OK)
+        goto err_free_conns;
     status = FERRY_ERR_IO;
+    server->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (server->epoll_fd < 0) {
+        ferry_error("RPC server: epoll_create1: %s", strerror(errno));
+        goto err_free_heap;
+    }
     server->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (server->wake_fd < 0) {
         ferry_error("RPC server: eventfd: %s", strerror(errno));
-        goto err_free_server;
+        goto err_close_epoll;
     }
     int actual_port;
     status = ferry_net_listen(host, port, RPC_BACKLOG, &server->listen_fd, &actual_port);
@@ -554,6 +682,11 @@ ferry_status_t ferry_rpc_server_start(const char *host, int port,
     int flags = fcntl(server->listen_fd, F_GETFL);
     if (flags < 0 || fcntl(server->listen_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
         ferry_error("RPC server: fcntl: %s", strerror(errno));
+        status = FERRY_ERR_IO;
+        goto err_close_listen;
+    }
+    if (!watch(server, EPOLL_CTL_ADD, server->wake_fd, EPOLLIN, RPC_TAG_WAKE(server)) ||
+        !watch(server, EPOLL_CTL_ADD, server->listen_fd, EPOLLIN, RPC_TAG_LISTEN(server))) {
         status = FERRY_ERR_IO;
         goto err_close_listen;
     }
@@ -579,9 +712,13 @@ err_close_listen:
     close(server->listen_fd);
 err_close_wake:
     close(server->wake_fd);
-err_free_server:
-    free(server->fds);
+err_close_epoll:
+    close(server->epoll_fd);
+err_free_heap:
+    ferry_deadline_heap_fini(&server->deadlines);
+err_free_conns:
     free(server->conns);
+err_free_server:
     free(server);
     return status;
 }
@@ -596,11 +733,13 @@ void ferry_rpc_server_stop(ferry_rpc_server_t *server)
         rc = write(server->wake_fd, &one, sizeof(one));
     } while (rc < 0 && errno == EINTR);
     pthread_join(server->thread, NULL);
-    for (size_t i = 0; i < server->n_conns; i++)
-        conn_close(server, i);
+    /* The reverse of start: connections, listener, wake-up, epoll set. */
+    while (server->n_conns > 0)
+        conn_close(server, server->conns[server->n_conns - 1]);
     close(server->listen_fd);
     close(server->wake_fd);
-    free(server->fds);
+    close(server->epoll_fd);
+    ferry_deadline_heap_fini(&server->deadlines);
     free(server->conns);
     free(server);
 }

@@ -4,7 +4,8 @@
  *   GET    /metadata?key=K   200 and the value, 404 when K is not stored (HEAD too)
  *   PUT    /metadata?key=K   store the body (POST too); 413 over --max-body
  *   DELETE /metadata?key=K   200, or 404 when K is not stored
- *   GET    /health           200 {"status":"ok","keys":N,"bytes":B}
+ *   GET    /health           200 {"status":"ok","keys":N,"bytes":B,"requests":{"get":G,
+ *                             "put":P,"delete":D,"other":O}} (requests on /metadata)
  *
  * the protocol of Mooncake's HTTP metadata server, so its clients work
  * against it.  Values are opaque bytes.  With --persist=FILE every change is
@@ -24,6 +25,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,12 +377,28 @@ static enum MHD_Result too_large(struct MHD_Connection *connection)
     return text(connection, HTTP_TOO_LARGE, msg);
 }
 
+/* Requests answered on /metadata since start, by method, for capacity
+ * planning (doc/scale.md counts a job's requests with them).  Relaxed:
+ * MHD's threads add, /health reads a close-enough sum. */
+enum { COUNT_GET, COUNT_PUT, COUNT_DELETE, COUNT_OTHER, COUNT_MAX };
+static atomic_ullong served[COUNT_MAX];
+
+static void count_request(int which)
+{
+    atomic_fetch_add_explicit(&served[which], 1, memory_order_relaxed);
+}
+
 static enum MHD_Result on_health(struct MHD_Connection *connection)
 {
-    char body[128];
+    char body[256];
+    unsigned long long n[COUNT_MAX];
+    for (int i = 0; i < COUNT_MAX; i++)
+        n[i] = atomic_load_explicit(&served[i], memory_order_relaxed);
     pthread_rwlock_rdlock(&table.lock);
-    snprintf(body, sizeof(body), "{\"status\":\"ok\",\"keys\":%zu,\"bytes\":%zu}\n", table.count,
-             table.bytes);
+    snprintf(body, sizeof(body), "{\"status\":\"ok\",\"keys\":%zu,\"bytes\":%zu,"
+             "\"requests\":{\"get\":%llu,\"put\":%llu,\"delete\":%llu,\"other\":%llu}}\n",
+             table.count, table.bytes, n[COUNT_GET], n[COUNT_PUT], n[COUNT_DELETE],
+             n[COUNT_OTHER]);
     pthread_rwlock_unlock(&table.lock);
     return reply(connection, MHD_HTTP_OK, "application/json", body, strlen(body));
 }
@@ -489,12 +507,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
     const char *key = MHD_lookup_connection_value(connection, MHD_GET_ARGUMENT_KIND, "key");
     if (key == NULL || *key == '\0')
         return text(connection, MHD_HTTP_BAD_REQUEST, "missing ?key=K\n");
-    if (is_method(method, "GET") || is_method(method, "HEAD"))
+    if (is_method(method, "GET") || is_method(method, "HEAD")) {
+        count_request(COUNT_GET);
         return on_get(connection, key);
-    if (writes)
+    }
+    if (writes) {
+        count_request(COUNT_PUT);
         return on_put(connection, key, req);
-    if (is_method(method, "DELETE"))
+    }
+    if (is_method(method, "DELETE")) {
+        count_request(COUNT_DELETE);
         return on_delete(connection, key);
+    }
+    count_request(COUNT_OTHER);
     return text(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "GET, PUT, POST or DELETE\n");
 }
 

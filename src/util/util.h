@@ -52,6 +52,30 @@ void ferry_futex_wake(void *word, int waiters);
 uint64_t ferry_time_ms(void); /* monotonic */
 uint64_t ferry_time_us(void); /* monotonic */
 
+/* ---- deadline_heap.c: the earliest of many deadlines, O(log n) per change ---- */
+#define FERRY_DEADLINE_UNQUEUED SIZE_MAX
+/* Embedded in the object that has a deadline; start it with
+ * FERRY_DEADLINE_ENTRY_INIT (not queued). */
+typedef struct ferry_deadline_entry {
+    uint64_t deadline;
+    size_t index; /* its place in the heap; FERRY_DEADLINE_UNQUEUED: not in it */
+} ferry_deadline_entry_t;
+#define FERRY_DEADLINE_ENTRY_INIT {.deadline = UINT64_MAX, .index = FERRY_DEADLINE_UNQUEUED}
+/* Not thread-safe: one owner (an event loop's thread). */
+typedef struct ferry_deadline_heap {
+    ferry_deadline_entry_t **entries;
+    size_t count;
+    size_t capacity; /* entries that may be queued at once */
+} ferry_deadline_heap_t;
+ferry_status_t ferry_deadline_heap_init(ferry_deadline_heap_t *heap, size_t capacity);
+void ferry_deadline_heap_fini(ferry_deadline_heap_t *heap);
+/* Queue, move or (UINT64_MAX) remove the entry; never allocates.  At most
+ * `capacity` distinct entries may be queued at once. */
+void ferry_deadline_heap_set(ferry_deadline_heap_t *heap, ferry_deadline_entry_t *entry,
+                             uint64_t deadline);
+/* The entry with the earliest deadline; NULL when none is queued. */
+ferry_deadline_entry_t *ferry_deadline_heap_top(const ferry_deadline_heap_t *heap);
+
 /* copy.c: ferry_copy_to_peer's threshold (FERRY_COPY_NT_MIN; 0: never). */
 void ferry_copy_set_nt_min(size_t bytes);
 /* Would ferry_copy_to_peer use non-temporal stores for this copy?  (It
