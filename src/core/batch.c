@@ -333,8 +333,8 @@ typedef struct owed {
 
 static void owed_take(owed_t *owed)
 {
-    if (owed->desc_refs > 0) /* relaxed, as ferry_descriptor_ref: the run's first holds it */
-        atomic_fetch_add_explicit(&owed->desc->refs, owed->desc_refs, memory_order_relaxed);
+    if (owed->desc_refs > 0) /* the run's first request holds it */
+        ferry_descriptor_ref_n(owed->desc, owed->desc_refs);
     if (owed->entry_holds > 0)
         ferry_reg_entry_hold_more(owed->entry, owed->entry_holds);
     owed->desc_refs = owed->entry_holds = 0;
@@ -512,8 +512,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
 }
 
 /* Drop the references of count requests, one atomic per run of requests
- * that share a descriptor (the last of each run's references drops
- * through ferry_descriptor_unref, which frees). */
+ * that share a descriptor. */
 static void requests_release(ferry_engine_t *engine, request_state_t *reqs, size_t count)
 {
     ferry_descriptor_t *desc = NULL;
@@ -521,9 +520,7 @@ static void requests_release(ferry_engine_t *engine, request_state_t *reqs, size
     for (size_t i = 0; i <= count; i++) {
         ferry_descriptor_t *next = i < count ? reqs[i].desc : NULL;
         if (next != desc && refs > 0) {
-            if (refs > 1) /* cannot reach 0: one is left */
-                atomic_fetch_sub_explicit(&desc->refs, refs - 1, memory_order_release);
-            ferry_descriptor_unref(desc);
+            ferry_descriptor_unref_n(desc, refs);
             refs = 0;
         }
         if (i == count)

@@ -214,6 +214,10 @@ typedef enum ferry_desc_form {
 ferry_descriptor_t *ferry_descriptor_new(void);
 ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
 void ferry_descriptor_unref(ferry_descriptor_t *desc);
+/* n references at once (a run of requests sharing one descriptor): take
+ * them while holding one, drop them as one step (frees on the last). */
+void ferry_descriptor_ref_n(ferry_descriptor_t *desc, unsigned n);
+void ferry_descriptor_unref_n(ferry_descriptor_t *desc, unsigned n);
 /* JSON text, malloc-ed. */
 ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **json_p);
 /* Either form, malloc-ed and NUL-terminated; *length_p (may be NULL) its length. */
