@@ -393,16 +393,23 @@ Test(rpc, idle_connection_is_closed)
     close(fd);
 }
 
-Test(rpc, refused_connect_fails_fast)
+/* A bound socket that does not listen: the port is ours and refuses.
+ * Close the returned socket when done. */
+static int refusing_endpoint(char *endpoint_out, size_t size)
 {
-    /* A bound socket that does not listen: the port is ours and refuses. */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
     socklen_t len = sizeof(addr);
     cr_assert_eq(bind(fd, (struct sockaddr *)&addr, len), 0);
     getsockname(fd, (struct sockaddr *)&addr, &len);
+    snprintf(endpoint_out, size, "127.0.0.1:%d", ntohs(addr.sin_port));
+    return fd;
+}
+
+Test(rpc, refused_connect_fails_fast)
+{
     char dead[64];
-    snprintf(dead, sizeof(dead), "127.0.0.1:%d", ntohs(addr.sin_port));
+    int fd = refusing_endpoint(dead, sizeof(dead));
     uint64_t start = ferry_time_ms();
     cr_assert_eq(ferry_rpc_call(dead, FERRY_RPC_PROBE, NULL, 0, 2000, MAX_FRAME, NULL, NULL),
                  FERRY_ERR_CONNECT);
@@ -416,13 +423,8 @@ Test(rpc, refused_connect_fails_fast)
  * 256 connections and the window fit, and 600 calls at once would not. */
 Test(rpc, fan_out_past_its_window_reaches_every_endpoint)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
-    socklen_t len = sizeof(addr);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&addr, len), 0);
-    getsockname(fd, (struct sockaddr *)&addr, &len);
     char dead[64];
-    snprintf(dead, sizeof(dead), "127.0.0.1:%d", ntohs(addr.sin_port));
+    int fd = refusing_endpoint(dead, sizeof(dead));
 
     struct rlimit files = {.rlim_cur = 600, .rlim_max = 600}, old;
     cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
