@@ -5,7 +5,7 @@
 # harness the executions done.  doc/fuzzing.md explains the harnesses.
 #
 # Usage: contrib/fuzz.sh [--time=SECONDS | --runs=N] [HARNESS...]
-#   HARNESS: descriptor rpc tcp etcd redis http (default: all)
+#   HARNESS: descriptor changes rpc tcp etcd redis http (default: all)
 #   --time=SECONDS  run each harness this long (default 60)
 #   --runs=N        run each harness N inputs instead
 # Environment: CLANG (default clang); FERRY_FUZZ_DIR, where binaries, the
@@ -14,7 +14,7 @@
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-all="descriptor rpc tcp etcd redis http"
+all="descriptor changes rpc tcp etcd redis http"
 limit="-max_total_time=60"
 harnesses=""
 for arg in "$@"; do
@@ -42,21 +42,23 @@ libs() {
     pkg-config --libs "$1" 2>/dev/null || echo "$2"
 }
 
+descriptor_sources="src/core/descriptor.c src/core/descriptor_compact.c src/core/descriptor_pool.c"
 # harness -> the sources it needs (besides test/fuzz/fuzz_NAME.c and
 # fuzz_common.c) and the libraries to link
 sources() {
     case "$1" in
-    descriptor) echo "src/core/descriptor.c" ;;
+    descriptor) echo "$descriptor_sources" ;;
+    changes) echo "$descriptor_sources src/core/descriptor_changes.c" ;;
     rpc) echo "src/rpc/rpc_frame.c src/rpc/wire.c src/rpc/rpc_message.c" ;;
     tcp) echo "src/transport/tcp/tcp_wire.c" ;;
     etcd) echo "src/metadata/etcd/etcd_client.c src/metadata/md_curl.c src/metadata/keys.c" ;;
     redis) echo "src/metadata/redis/redis_reply.c" ;;
-    http) echo "src/core/descriptor.c" ;;
+    http) echo "$descriptor_sources" ;;
     esac
 }
 link() {
     case "$1" in
-    descriptor) libs jansson -ljansson ;;
+    descriptor | changes) libs jansson -ljansson ;;
     etcd | http) echo "$(libs libcurl -lcurl) $(libs jansson -ljansson)" ;;
     redis) libs hiredis -lhiredis ;;
     esac

@@ -7,7 +7,9 @@
  * again (a shorter value over a longer one, for one), so a process never
  * rewrites a key: its n-th publish or removal puts, with global scope, and
  * commits
- *   ferry.v<n>   its published segments: name and descriptor lines
+ *   ferry.v<n>   its published segments: a name line, then its descriptor:
+ *                a line (JSON has no newline) or, for a descriptor with
+ *                newlines (the compact form), "=<hex length>:<bytes>\n"
  * A peer finds a rank's newest snapshot by probing ferry.v<n+1>, <n+2>,
  * <n+4>... (then bisecting) from the newest it saw, with PMIx_Get and
  * PMIX_GET_REFRESH_CACHE, so a registration made after startup is seen
@@ -122,13 +124,18 @@ static ferry_status_t put_snapshot_locked(void)
 {
     size_t len = 1;
     for (size_t i = 0; i < n_published; i++)
-        len += strlen(published[i].name) + strlen(published[i].descriptor) + 2;
+        len += strlen(published[i].name) + strlen(published[i].descriptor) + 2 + 20;
     char *text = malloc(len), *p = text;
     if (text == NULL)
         return FERRY_ERR_NO_MEMORY;
     *p = '\0';
-    for (size_t i = 0; i < n_published; i++)
-        p += sprintf(p, "%s\n%s\n", published[i].name, published[i].descriptor);
+    for (size_t i = 0; i < n_published; i++) {
+        const char *descriptor = published[i].descriptor;
+        if (strchr(descriptor, '\n') == NULL)
+            p += sprintf(p, "%s\n%s\n", published[i].name, descriptor);
+        else
+            p += sprintf(p, "%s\n=%zx:%s\n", published[i].name, strlen(descriptor), descriptor);
+    }
     pmix_key_t key;
     snprintf(key, sizeof(key), KEY_FORMAT, snapshots + 1);
     pmix_value_t value;
@@ -252,6 +259,18 @@ static char *snapshot_find(const char *text, const char *name, ferry_status_t *s
         size_t n = strcspn(p, "\n");
         const char *descriptor = p + n + (p[n] == '\n');
         size_t d = strcspn(descriptor, "\n");
+        if (descriptor[0] == '=') {
+            /* "=<hex length>:<bytes>": bytes that hold newlines */
+            char *end;
+            unsigned long long length = strtoull(descriptor + 1, &end, 16);
+            if (*end != ':' || length > strlen(end + 1)) {
+                ferry_error("pmix: a snapshot holds a malformed descriptor");
+                *status_p = FERRY_ERR_DECODE;
+                return NULL;
+            }
+            descriptor = end + 1;
+            d = (size_t)length;
+        }
         if (name == NULL || (strlen(name) == n && strncmp(p, name, n) == 0)) {
             char *copy = strndup(descriptor, d);
             *status_p = copy ? FERRY_OK : FERRY_ERR_NO_MEMORY;
@@ -537,6 +556,7 @@ static const ferry_plugin_t pmix_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_METADATA,
     .name = "pmix",
+    .flags = FERRY_METADATA_COMPACT, /* only Ferry engines read it */
     .description = "the PMIx launcher's key-value store (mpirun, srun --mpi=pmix); segments "
                    "\"rank:N\"",
     .settings = pmix_settings,

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_rng.h"
 #include "../src/core/core.h"
 
 #define VALID_DOC                                                                            \
@@ -625,10 +626,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return test_rng_next(&rng_state);
 }
 
 /* Whatever decodes must satisfy what the rest of the engine relies on. */

@@ -636,7 +636,9 @@ Test(metadata, redis_garbage_is_a_decode_error_and_keys_follow_the_layout)
     const char *get[] = {"GET", "ferry/segments/blue%20team/odd%20name%2Fwith%25chars"};
     cr_assert_eq(redis_call(redis.port, 2, get, NULL, value, sizeof(value), &length), '$');
     cr_assert_gt(length, 0, "no key at the documented place");
-    cr_assert(strstr(value, "\"name\":\"odd name/with%chars\"") != NULL, "%s", value);
+    /* redis holds the compact form (FERRY_DESCRIPTOR_FORMAT=auto) */
+    cr_assert(strncmp(value, "ferry:desc:1\nname 13:odd name/with%chars\n", 41) == 0, "%s",
+              value);
     /* Another cluster does not see it; the same one does. */
     cr_assert_eq(open_once(reader, "odd name/with%chars", NULL, 0),
                  FERRY_ERR_SEGMENT_NOT_FOUND);
@@ -697,6 +699,7 @@ Test(metadata, http_garbage_is_a_decode_error_and_keys_follow_the_layout)
     cr_assert_eq(http_call(metad.port, "GET",
                            "/metadata?key=ferry%2Fsegments%2Fodd%2520name%252Fwith%2525chars",
                            NULL, NULL, 0, value, sizeof(value), NULL), 200);
+    /* http keeps JSON (FERRY_DESCRIPTOR_FORMAT=auto): Mooncake's server shows it */
     cr_assert(strstr(value, "\"name\":\"odd name/with%chars\"") != NULL, "%s", value);
     ferry_engine_destroy(owner);
     service_cleanup(&metad);

@@ -62,6 +62,13 @@ typedef struct ferry_reg_entry {
 #define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
 #define FERRY_REG_DYING 0x80000000u
 
+/* n more holds on an entry the caller holds already (so it cannot go
+ * meanwhile): the holds of a run of requests on one buffer, taken at once. */
+static inline void ferry_reg_entry_hold_more(ferry_reg_entry_t *entry, unsigned n)
+{
+    atomic_fetch_add_explicit(&entry->holds, n, memory_order_relaxed);
+}
+
 /* Take a hold on an entry found without the registry lock (a batch's kept
  * entry): 0 if it is dying. */
 static inline int ferry_reg_entry_hold(ferry_reg_entry_t *entry)
@@ -104,6 +111,9 @@ void ferry_registry_drain(ferry_registry_t *registry, ferry_reg_entry_t *entry);
 ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t addr,
                                           size_t length, unsigned need);
 void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* Give back that many holds at once (a run of requests on one buffer). */
+void ferry_registry_release_n(ferry_registry_t *registry, ferry_reg_entry_t *entry,
+                              unsigned holds);
 /* In address order; the caller holds the lock (read) throughout.  The
  * stack bounds an AVL tree's height for any count that fits in memory. */
 typedef struct ferry_registry_iter {
@@ -116,7 +126,23 @@ ferry_reg_entry_t *ferry_reg_entry_new(uintptr_t addr, size_t length, const char
                                        unsigned flags);
 void ferry_reg_entry_free(ferry_reg_entry_t *entry);
 
-/* ---------------- descriptor.c: the segment descriptor and its codec ---------------- */
+/* ---------------- descriptor.c: the segment descriptor and its codecs ---------------- */
+
+/* descriptor_pool.c: where a descriptor's per-buffer strings live. */
+typedef struct ferry_desc_pool ferry_desc_pool_t;
+/* A new pool holding a reference on parent (may be NULL). */
+ferry_desc_pool_t *ferry_desc_pool_new(ferry_desc_pool_t *parent);
+ferry_desc_pool_t *ferry_desc_pool_ref(ferry_desc_pool_t *pool);
+void ferry_desc_pool_unref(ferry_desc_pool_t *pool);
+/* How many ancestors the pool holds (a chain of applied changes). */
+unsigned ferry_desc_pool_depth(const ferry_desc_pool_t *pool);
+/* The size of the next chunk, when the caller knows roughly what it needs. */
+void ferry_desc_pool_reserve(ferry_desc_pool_t *pool, size_t bytes);
+/* Aligned for any type, uninitialized; NULL when out of memory. */
+void *ferry_desc_pool_alloc(ferry_desc_pool_t *pool, size_t size);
+/* Unaligned bytes (strings). */
+void *ferry_desc_pool_bytes(ferry_desc_pool_t *pool, size_t size);
+char *ferry_desc_pool_strndup(ferry_desc_pool_t *pool, const char *text, size_t length);
 
 typedef struct ferry_desc_transport {
     char *name;
@@ -140,12 +166,20 @@ typedef struct ferry_descriptor {
     atomic_uint refs;
     char *name;
     uint64_t generation;
+    /* Counts the owner's publishes that changed something, within one
+     * generation; 0: unknown (a JSON descriptor, or an owner that does not
+     * count), so never asked for changes. */
+    uint64_t revision;
     char *host_id;
     char *rpc;
     size_t n_transports;
-    ferry_desc_transport_t *transports;
+    ferry_desc_transport_t *transports; /* malloc-ed, and their strings */
     size_t n_buffers;
-    ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint */
+    ferry_desc_buffer_t *buffers; /* sorted by addr, disjoint; malloc-ed */
+    /* NULL: each buffer's location, keys array and keys are malloc-ed
+     * (descriptors built by hand); else they all live in this pool or its
+     * ancestors. */
+    ferry_desc_pool_t *pool;
     /* Not part of the value either.  serial: no other descriptor of this
      * process has it (ferry_peer_t.descriptor_serial).  same_host: the
      * owning engine's host comparison, 0 until made, else 1 (other host)
@@ -163,20 +197,137 @@ enum {
     FERRY_DESC_REFUSED = 2,
 };
 
+/* The two text forms of a descriptor (descriptor.c explains both). */
+typedef enum ferry_desc_form {
+    FERRY_DESC_FORM_JSON = 0,
+    FERRY_DESC_FORM_COMPACT = 1,
+} ferry_desc_form_t;
+
+/* What decoders refuse before it costs memory, in either form. */
+#define FERRY_DESC_MAX_TEXT ((size_t)64 << 20)
+#define FERRY_DESC_MAX_STRING ((size_t)64 << 10)
+#define FERRY_DESC_MAX_BUFFERS ((size_t)1000000)
+#define FERRY_DESC_MAX_TRANSPORTS ((size_t)64)
+#define FERRY_DESC_COMPACT_MAGIC "ferry:desc:1\n"
+#define FERRY_DESC_CHANGES_MAGIC "ferry:changes:1\n"
+
 ferry_descriptor_t *ferry_descriptor_new(void);
 ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
 void ferry_descriptor_unref(ferry_descriptor_t *desc);
+/* n references at once (a run of requests sharing one descriptor): take
+ * them while holding one, drop them as one step (frees on the last). */
+void ferry_descriptor_ref_n(ferry_descriptor_t *desc, unsigned n);
+void ferry_descriptor_unref_n(ferry_descriptor_t *desc, unsigned n);
 /* JSON text, malloc-ed. */
 ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **json_p);
-/* Strict: any type error, missing field, overflow or overlap is FERRY_ERR_DECODE. */
-ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
+/* Either form, malloc-ed and NUL-terminated; *length_p (may be NULL) its length. */
+ferry_status_t ferry_descriptor_encode_as(const ferry_descriptor_t *desc, ferry_desc_form_t form,
+                                          char **text_p, size_t *length_p);
+/* Either form, told apart by its first bytes.  Strict: any type error,
+ * missing field, overflow or overlap is FERRY_ERR_DECODE, logged once. */
+ferry_status_t ferry_descriptor_decode(const char *text, size_t length,
                                        ferry_descriptor_t **desc_p);
-/* Sort buffers and reject overlaps (the decoder and the builder use it). */
+/* The form of a text by its first bytes (JSON for anything not compact). */
+ferry_desc_form_t ferry_descriptor_text_form(const char *text, size_t length);
+/* A decoder's last step: finish desc and hand it over (*desc_p) when status
+ * is FERRY_OK, else (or when finish fails) unref it; returns the outcome. */
+ferry_status_t ferry_descriptor_complete(ferry_descriptor_t *desc, ferry_status_t status,
+                                         ferry_descriptor_t **desc_p);
+/* "r", "w", "rw" for a buffer's access; NULL when peers may not touch it. */
+const char *ferry_desc_access_text(unsigned access);
+/* Sort buffers (unless sorted already) and reject overlaps (the decoders
+ * and the builder use it). */
 ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc);
 /* Buffer containing [addr, addr+length) or NULL. */
 const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,
                                                  uint64_t length);
 int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name);
+/* Whether two descriptors hold the same value (the revision aside: it
+ * counts publishes, it describes no memory). */
+int ferry_descriptor_same(const ferry_descriptor_t *a, const ferry_descriptor_t *b);
+/* Decoders' shared report: "segment descriptor: <prefix>.<key>: <problem>"
+ * logged once, returns FERRY_ERR_DECODE. */
+ferry_status_t ferry_desc_decode_bad(const char *prefix, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Whether the bytes are UTF-8 text without NUL (what JSON strings hold). */
+int ferry_desc_text_valid(const char *text, size_t length);
+
+/* descriptor_compact.c: the compact form (its header describes it).
+ * decode fills a new descriptor that ferry_descriptor_decode finishes. */
+ferry_status_t ferry_descriptor_compact_encode(const ferry_descriptor_t *desc, char **text_p,
+                                               size_t *length_p);
+ferry_status_t ferry_descriptor_compact_decode(const char *text, size_t length,
+                                               ferry_descriptor_t *desc);
+/* The compact reader's pieces, shared with the change-set reader: each
+ * logs once ("line N: what: problem") and returns FERRY_ERR_DECODE. */
+typedef struct ferry_desc_cursor {
+    const char *p, *end;
+    size_t line;
+} ferry_desc_cursor_t;
+ferry_status_t ferry_desc_cursor_literal(ferry_desc_cursor_t *in, const char *word,
+                                         const char *what);
+ferry_status_t ferry_desc_cursor_char(ferry_desc_cursor_t *in, char c, const char *what);
+ferry_status_t ferry_desc_cursor_hex(ferry_desc_cursor_t *in, const char *what,
+                                     uint64_t *value_p);
+/* *text_p points into the text: *length_p bytes, not NUL-terminated. */
+ferry_status_t ferry_desc_cursor_str(ferry_desc_cursor_t *in, const char *what,
+                                     const char **text_p, size_t *length_p);
+/* One buffer line, strings into pool (shared with previous's when equal). */
+ferry_status_t ferry_desc_cursor_buffer(ferry_desc_cursor_t *in, size_t n_transports,
+                                        ferry_desc_pool_t *pool,
+                                        const ferry_desc_buffer_t *previous,
+                                        ferry_desc_buffer_t *buffer);
+/* The compact writer's pieces: a buffer line's size (without newline),
+ * the line itself, a hex number; each returns where the writing ended. */
+size_t ferry_desc_compact_buffer_size(const ferry_descriptor_t *desc,
+                                      const ferry_desc_buffer_t *buffer);
+char *ferry_desc_compact_put_buffer(const ferry_descriptor_t *desc,
+                                    const ferry_desc_buffer_t *buffer, char *out);
+char *ferry_desc_compact_put_hex(char *out, uint64_t value);
+char *ferry_desc_compact_put_word(char *out, const char *word);
+
+/* descriptor_changes.c: what changed between two revisions of one
+ * generation of a descriptor (incremental refresh).  A change set lists,
+ * per revision step, the buffers removed (by address) and added (whole),
+ * both sorted by address; keys follow the transports of the descriptor it
+ * applies to (fixed within a generation). */
+typedef struct ferry_desc_step {
+    uint64_t revision;           /* the revision this step leads to */
+    ferry_desc_pool_t *pool;     /* its strings', or NULL: the set's pool holds them */
+    size_t n_removed;
+    uint64_t *removed;           /* addresses, ascending */
+    size_t n_added;
+    ferry_desc_buffer_t *added;  /* ascending, disjoint; strings in the set's pool */
+} ferry_desc_step_t;
+
+typedef struct ferry_desc_changes {
+    uint64_t generation;
+    uint64_t from;               /* the revision the first step applies to */
+    size_t n_transports;         /* keys per added buffer */
+    size_t n_steps;
+    ferry_desc_step_t *steps;    /* revisions ascending, each one more */
+    ferry_desc_pool_t *pool;
+} ferry_desc_changes_t;
+
+void ferry_desc_changes_init(ferry_desc_changes_t *changes, uint64_t generation, uint64_t from,
+                             size_t n_transports);
+void ferry_desc_changes_fini(ferry_desc_changes_t *changes);
+/* Text of the steps of changes whose revisions are above `since` (which
+ * must be at least changes->from), malloc-ed. */
+ferry_status_t ferry_desc_changes_encode(const ferry_desc_changes_t *changes, uint64_t since,
+                                         char **text_p, size_t *length_p);
+/* Strict, like the descriptor decoders; changes is initialized here. */
+ferry_status_t ferry_desc_changes_decode(const char *text, size_t length,
+                                         ferry_desc_changes_t *changes);
+/* base with the changes applied: a new descriptor (its pool's parent is
+ * base's) at the last step's revision.  FERRY_ERR_DECODE when the changes
+ * do not fit base (another generation or revision, a different transport
+ * count, an added buffer overlapping a kept one); a removed address that
+ * base lacks is no error (the owner may show a removal before it counts
+ * it).  Logs once. */
+ferry_status_t ferry_descriptor_apply(const ferry_descriptor_t *base,
+                                      const ferry_desc_changes_t *changes,
+                                      ferry_descriptor_t **desc_p);
 
 /* ---------------- segment_cache.c: opened remote segments ---------------- */
 
@@ -239,13 +390,14 @@ ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *n
  * drain_ms; 0: no wait), FERRY_ERR_TIMEOUT if some did not. */
 ferry_status_t ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
                                               uint64_t generation, unsigned drain_ms);
-/* segment_copiers.c.  Before a one-sided transport copies for a request
- * resolved at version: count it in (*epoch_p) unless the segment changed
- * since (FERRY_ERR_STALE, nothing counted: resolve again). */
+/* segment_copiers.c.  Before a one-sided transport copies for requests
+ * resolved at version: count that many copies in (*epoch_p) unless the
+ * segment changed since (FERRY_ERR_STALE, nothing counted: resolve again). */
 ferry_status_t ferry_segment_copier_enter(ferry_segment_t *segment, uint64_t version,
-                                          int *epoch_p);
-/* The request counted in at epoch ended: its last touch of the segment. */
-void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch);
+                                          unsigned copies, int *epoch_p);
+/* That many requests counted in at epoch ended: their last touch of the
+ * segment. */
+void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned copies);
 /* Wait for the copies counted in before this call (after a change of the
  * segment's version); FERRY_ERR_TIMEOUT when some still run at the bound. */
 ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
@@ -267,6 +419,17 @@ typedef struct ferry_transport_instance {
      * (ops->local_memory), asked once after create; else the engine stages. */
     unsigned local_device;
 } ferry_transport_instance_t;
+
+/* Registrations since the last publish (engine_publish.c): entries added
+ * (still registered) and addresses of published ones removed; overflow
+ * when there were too many to keep as one step. */
+typedef struct ferry_desc_pending {
+    ferry_reg_entry_t **added;
+    size_t n_added, added_capacity;
+    uint64_t *removed;
+    size_t n_removed, removed_capacity;
+    int overflow;
+} ferry_desc_pending_t;
 
 typedef struct ferry_subscriber {
     char *rpc;
@@ -292,6 +455,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_max_conns_per_source;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
+    char *descriptor_format;
     unsigned subscribers_max;
     unsigned wait_spin_us;
     size_t copy_nt_min;
@@ -338,14 +502,22 @@ struct ferry_engine {
     const ferry_metadata_ops_t *metadata;
     void *metadata_ctx;
 
-    /* published_lock: the newest local descriptor and its JSON, rebuilt on
-     * demand when registrations changed (published_stale) */
+    /* What was published and how (engine_publish.c).  publish_form is
+     * fixed after create.  published_lock: revision (the newest), changes
+     * (the steps that led to it: changes.from + changes.n_steps ==
+     * revision), local_desc (built on demand: NULL or older until someone
+     * asks) and its texts per form (NULL until asked), published_epoch.
+     * register_lock: pending, register_epoch. */
+    ferry_desc_form_t publish_form;
     pthread_mutex_t published_lock;
-    char *published_json;
+    uint64_t revision;
+    ferry_desc_changes_t changes;
     ferry_descriptor_t *local_desc;
-    int published_stale;
+    char *published_text[2];
+    size_t published_length[2];
     uint64_t published_epoch;    /* entries registered up to here are published */
-    uint64_t register_epoch;     /* register_lock: last epoch handed out */
+    uint64_t register_epoch;     /* last epoch handed out */
+    ferry_desc_pending_t pending;
 
     struct ferry_rpc_server *rpc_server;
     /* Set (release) once create has built everything: the RPC server runs
@@ -384,12 +556,31 @@ void ferry_engine_free(ferry_engine_t *engine);
  * their threads take over now. */
 void ferry_engine_progress_leave(ferry_engine_t *engine);
 
-/* engine_register.c */
-/* Build the descriptor from the registry and publish it. Caller holds register_lock. */
+/* engine_publish.c */
+/* The registrations since the last publish become a new revision, and a
+ * store that holds whole descriptors gets the newest.  Caller holds
+ * register_lock. */
 ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine);
 /* The newest local descriptor (referenced) and/or a copy of its JSON. */
 ferry_status_t ferry_engine_local_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p,
                                              char **json_p);
+/* A copy of the newest local descriptor's text in that form. */
+ferry_status_t ferry_engine_local_text(ferry_engine_t *engine, ferry_desc_form_t form,
+                                       char **text_p, size_t *length_p);
+/* For a peer that holds generation's revision: the changes since (a
+ * change set's text), or the whole descriptor in form when the log does
+ * not reach back to it. */
+ferry_status_t ferry_engine_changes_text(ferry_engine_t *engine, uint64_t generation,
+                                         uint64_t revision, ferry_desc_form_t form,
+                                         char **text_p, size_t *length_p);
+/* Caller holds register_lock: entry was added, or leaves the registry. */
+void ferry_engine_changes_added(ferry_engine_t *engine, ferry_reg_entry_t *entry);
+void ferry_engine_changes_removed(ferry_engine_t *engine, ferry_reg_entry_t *entry);
+ferry_status_t ferry_engine_changes_init(ferry_engine_t *engine);
+/* Frees the log, the pending changes, the local descriptor and its texts. */
+void ferry_engine_changes_fini(ferry_engine_t *engine);
+
+/* engine_register.c */
 void ferry_engine_deregister_all(ferry_engine_t *engine);
 ferry_status_t ferry_engine_access_acquire(void *engine, uint64_t addr, uint64_t length,
                                            ferry_access_t access, void **token_p);
@@ -401,8 +592,15 @@ void ferry_engine_peer_seen(void *engine, const char *rpc);
 void ferry_engine_peer_forget_rpc(ferry_engine_t *engine, const char *rpc);
 
 /* engine_rpc.c */
+/* A descriptor from its owner at rpc, in either form (name may be ""). */
 ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char *name,
                                       char **descriptor_p);
+/* The same for a caller that holds generation's revision (not 0): the
+ * owner answers with the changes since, or the whole descriptor (an older
+ * owner always does).  *text_p is NUL-terminated, *length_p long. */
+ferry_status_t ferry_engine_rpc_fetch_since(ferry_engine_t *engine, const char *rpc,
+                                            const char *name, uint64_t generation,
+                                            uint64_t revision, char **text_p, size_t *length_p);
 ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_descriptor_t *desc,
                                         const void *msg, size_t length);
 void ferry_engine_notify_deliver(void *engine, const char *from, const void *msg, size_t length);
@@ -437,6 +635,8 @@ void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *
 /* The peer unregistered memory: transports drop their per-buffer caches. */
 void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
+/* A chain of slices (linked by next) finished with one status. */
+void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status);
 /* Before the transports go: what they keep for each batch goes back. */
 void ferry_batch_release_peer_caches(ferry_engine_t *engine);
 void ferry_batch_free_all(ferry_engine_t *engine);

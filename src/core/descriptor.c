@@ -30,6 +30,14 @@
  * 64 transports, 64 KiB per string.  Buffers must be disjoint and end at or
  * below 2^64 - 1 (addr + length fits in 64 bits), so lookups never overflow.
  * Buffers with no remote access are never published.
+ *
+ * The same value has a second, compact text form (descriptor_compact.c), ten
+ * times smaller to decode; ferry_descriptor_decode() takes either, told
+ * apart by the first bytes ("ferry:desc:1\n" or JSON), so a reader of this
+ * version understands every writer.  Which form an engine writes:
+ * doc/metadata.md, "Descriptor forms".  The JSON form carries no revision
+ * (descriptor.h: revision 0), so it stays byte for byte what older
+ * engines write and compare.
  */
 #include "core.h"
 
@@ -42,10 +50,10 @@
 
 #include <jansson.h>
 
-#define DESC_MAX_JSON ((size_t)64 << 20)
-#define DESC_MAX_STRING ((size_t)64 << 10)
-#define DESC_MAX_BUFFERS ((size_t)1000000)
-#define DESC_MAX_TRANSPORTS ((size_t)64)
+#define DESC_MAX_JSON FERRY_DESC_MAX_TEXT
+#define DESC_MAX_STRING FERRY_DESC_MAX_STRING
+#define DESC_MAX_BUFFERS FERRY_DESC_MAX_BUFFERS
+#define DESC_MAX_TRANSPORTS FERRY_DESC_MAX_TRANSPORTS
 
 _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull() parses 64 bits");
 
@@ -71,7 +79,7 @@ ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc)
 
 static void descriptor_free(ferry_descriptor_t *desc)
 {
-    for (size_t i = 0; i < desc->n_buffers; i++) {
+    for (size_t i = 0; desc->pool == NULL && i < desc->n_buffers; i++) {
         ferry_desc_buffer_t *buffer = &desc->buffers[i];
         if (buffer->keys != NULL) {
             for (size_t t = 0; t < desc->n_transports; t++)
@@ -81,6 +89,7 @@ static void descriptor_free(ferry_descriptor_t *desc)
         free(buffer->location);
     }
     free(desc->buffers);
+    ferry_desc_pool_unref(desc->pool);
     for (size_t t = 0; t < desc->n_transports; t++) {
         free(desc->transports[t].name);
         free(desc->transports[t].endpoint);
@@ -92,13 +101,24 @@ static void descriptor_free(ferry_descriptor_t *desc)
     free(desc);
 }
 
-void ferry_descriptor_unref(ferry_descriptor_t *desc)
+void ferry_descriptor_ref_n(ferry_descriptor_t *desc, unsigned n)
 {
-    if (desc == NULL)
+    /* relaxed, as ferry_descriptor_ref: the caller holds one already */
+    atomic_fetch_add_explicit(&desc->refs, n, memory_order_relaxed);
+}
+
+void ferry_descriptor_unref_n(ferry_descriptor_t *desc, unsigned n)
+{
+    if (desc == NULL || n == 0)
         return;
     /* acq_rel: the last holder must see every write made through other refs */
-    if (atomic_fetch_sub_explicit(&desc->refs, 1, memory_order_acq_rel) == 1)
+    if (atomic_fetch_sub_explicit(&desc->refs, n, memory_order_acq_rel) == n)
         descriptor_free(desc);
+}
+
+void ferry_descriptor_unref(ferry_descriptor_t *desc)
+{
+    ferry_descriptor_unref_n(desc, 1);
 }
 
 /* ---------------- finish, find ---------------- */
@@ -125,7 +145,12 @@ ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc)
             return FERRY_ERR_DECODE;
         }
     }
-    if (desc->n_buffers > 1)
+    /* Encoders write buffers in order: sorting them again is the cost of a
+     * hand-built (or foreign) descriptor only. */
+    size_t sorted = 1;
+    while (sorted < desc->n_buffers && desc->buffers[sorted - 1].addr < desc->buffers[sorted].addr)
+        sorted++;
+    if (sorted < desc->n_buffers)
         qsort(desc->buffers, desc->n_buffers, sizeof(desc->buffers[0]), buffer_compare);
 
     for (size_t i = 1; i < desc->n_buffers; i++) {
@@ -169,6 +194,33 @@ const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc,
     return buffer;
 }
 
+static int same_text(const char *a, const char *b)
+{
+    return a == b || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+int ferry_descriptor_same(const ferry_descriptor_t *a, const ferry_descriptor_t *b)
+{
+    if (!same_text(a->name, b->name) || a->generation != b->generation ||
+        !same_text(a->host_id, b->host_id) || !same_text(a->rpc, b->rpc) ||
+        a->n_transports != b->n_transports || a->n_buffers != b->n_buffers)
+        return 0;
+    for (size_t t = 0; t < a->n_transports; t++)
+        if (!same_text(a->transports[t].name, b->transports[t].name) ||
+            !same_text(a->transports[t].endpoint, b->transports[t].endpoint))
+            return 0;
+    for (size_t i = 0; i < a->n_buffers; i++) {
+        const ferry_desc_buffer_t *x = &a->buffers[i], *y = &b->buffers[i];
+        if (x->addr != y->addr || x->length != y->length || x->access != y->access ||
+            !same_text(x->location, y->location))
+            return 0;
+        for (size_t t = 0; t < a->n_transports; t++)
+            if (!same_text(x->keys ? x->keys[t] : NULL, y->keys ? y->keys[t] : NULL))
+                return 0;
+    }
+    return 1;
+}
+
 int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char *name)
 {
     if (desc == NULL || name == NULL)
@@ -182,7 +234,7 @@ int ferry_descriptor_transport_index(const ferry_descriptor_t *desc, const char 
 
 /* ---------------- encode ---------------- */
 
-static const char *access_text(unsigned access)
+const char *ferry_desc_access_text(unsigned access)
 {
     switch (access & FERRY_REG_REMOTE) {
     case FERRY_REG_REMOTE_READ: return "r";
@@ -237,7 +289,7 @@ static json_t *encode_buffer(const ferry_descriptor_t *desc, const ferry_desc_bu
         encode_set(object, "length", decimal_string(buffer->length), "buffer length") != 0 ||
         encode_set(object, "location", json_string(buffer->location ? buffer->location : "cpu"),
                    "buffer location") != 0 ||
-        encode_set(object, "access", json_string(access_text(buffer->access)),
+        encode_set(object, "access", json_string(ferry_desc_access_text(buffer->access)),
                    "buffer access") != 0)
         goto err_free;
     for (size_t t = 0; buffer->keys != NULL && t < desc->n_transports; t++) {
@@ -287,7 +339,7 @@ ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **js
     }
     for (size_t i = 0; i < desc->n_buffers; i++) {
         /* a buffer peers may not touch is none of their business */
-        if (access_text(desc->buffers[i].access) == NULL)
+        if (ferry_desc_access_text(desc->buffers[i].access) == NULL)
             continue;
         json_t *buffer = encode_buffer(desc, &desc->buffers[i]);
         if (buffer == NULL || json_array_append_new(buffers, buffer) != 0)
@@ -316,10 +368,7 @@ out:
 /* ---------------- decode ---------------- */
 
 /* Log a decode problem as "<prefix>.<key>: <problem>" and return FERRY_ERR_DECODE. */
-static ferry_status_t decode_bad(const char *prefix, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static ferry_status_t decode_bad(const char *prefix, const char *key, const char *fmt, ...)
+ferry_status_t ferry_desc_decode_bad(const char *prefix, const char *key, const char *fmt, ...)
 {
     char problem[256];
     va_list ap;
@@ -337,11 +386,11 @@ static ferry_status_t get_string(const json_t *object, const char *prefix, const
 {
     const json_t *value = json_object_get(object, key);
     if (value == NULL)
-        return decode_bad(prefix, key, "missing");
+        return ferry_desc_decode_bad(prefix, key, "missing");
     if (!json_is_string(value))
-        return decode_bad(prefix, key, "must be a string");
+        return ferry_desc_decode_bad(prefix, key, "must be a string");
     if (json_string_length(value) > DESC_MAX_STRING)
-        return decode_bad(prefix, key, "longer than %zu bytes", DESC_MAX_STRING);
+        return ferry_desc_decode_bad(prefix, key, "longer than %zu bytes", DESC_MAX_STRING);
     *text_p = json_string_value(value);
     return FERRY_OK;
 }
@@ -363,6 +412,21 @@ static ferry_status_t get_string_copy(const json_t *object, const char *prefix, 
     return status == FERRY_OK ? dup_string(text, copy_p) : status;
 }
 
+/* The same, into the descriptor's pool (a buffer's strings). */
+static ferry_status_t get_string_pooled(const json_t *object, const char *prefix,
+                                        const char *key, ferry_desc_pool_t *pool, char **copy_p)
+{
+    const char *text;
+    ferry_status_t status = get_string(object, prefix, key, &text);
+    if (status != FERRY_OK)
+        return status;
+    *copy_p = ferry_desc_pool_strndup(pool, text, strlen(text));
+    if (*copy_p != NULL)
+        return FERRY_OK;
+    ferry_error("segment descriptor: out of memory");
+    return FERRY_ERR_NO_MEMORY;
+}
+
 /*
  * A 64-bit value as a string: "0x" + hex digits, or decimal digits.  The
  * digits are checked before strtoull() so that its leniency (leading blanks,
@@ -381,26 +445,26 @@ static ferry_status_t get_u64(const json_t *object, const char *prefix, const ch
     const char *digits = text;
     if (hex) {
         if (length < 2 || text[0] != '0' || text[1] != 'x')
-            return decode_bad(prefix, key, "must be %s", form);
+            return ferry_desc_decode_bad(prefix, key, "must be %s", form);
         digits += 2;
         length -= 2;
     }
     if (length == 0)
-        return decode_bad(prefix, key, "must be %s (no digits)", form);
+        return ferry_desc_decode_bad(prefix, key, "must be %s (no digits)", form);
     for (size_t i = 0; i < length; i++) {
         char c = digits[i];
         int ok = (c >= '0' && c <= '9') ||
                  (hex && ((c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')));
         if (!ok)
-            return decode_bad(prefix, key, "must be %s", form);
+            return ferry_desc_decode_bad(prefix, key, "must be %s", form);
     }
     char *end;
     errno = 0;
     unsigned long long value = strtoull(digits, &end, hex ? 16 : 10);
     if (errno == ERANGE)
-        return decode_bad(prefix, key, "does not fit in 64 bits");
+        return ferry_desc_decode_bad(prefix, key, "does not fit in 64 bits");
     if (end != digits + length)
-        return decode_bad(prefix, key, "must be %s", form);
+        return ferry_desc_decode_bad(prefix, key, "must be %s", form);
     *value_p = (uint64_t)value;
     return FERRY_OK;
 }
@@ -409,12 +473,13 @@ static ferry_status_t decode_transports(const json_t *root, ferry_descriptor_t *
 {
     const json_t *object = json_object_get(root, "transports");
     if (object == NULL)
-        return decode_bad("", "transports", "missing");
+        return ferry_desc_decode_bad("", "transports", "missing");
     if (!json_is_object(object))
-        return decode_bad("", "transports", "must be an object");
+        return ferry_desc_decode_bad("", "transports", "must be an object");
     size_t count = json_object_size(object);
     if (count > DESC_MAX_TRANSPORTS)
-        return decode_bad("", "transports", "more than %zu transports", DESC_MAX_TRANSPORTS);
+        return ferry_desc_decode_bad("", "transports", "more than %zu transports",
+                                     DESC_MAX_TRANSPORTS);
 
     desc->transports = calloc(count ? count : 1, sizeof(*desc->transports));
     if (desc->transports == NULL) {
@@ -429,10 +494,11 @@ static ferry_status_t decode_transports(const json_t *root, ferry_descriptor_t *
     json_t *value;
     json_object_foreach ((json_t *)object, name, value) {
         if (name[0] == '\0')
-            return decode_bad("transports", "", "empty transport name");
+            return ferry_desc_decode_bad("transports", "", "empty transport name");
         if (strlen(name) > DESC_MAX_STRING)
-            return decode_bad("transports", "", "transport name longer than %zu bytes",
-                              DESC_MAX_STRING);
+            return ferry_desc_decode_bad("transports", "",
+                                         "transport name longer than %zu bytes",
+                                         DESC_MAX_STRING);
         ferry_status_t status = get_string_copy(object, "transports", name,
                                                 &desc->transports[t].endpoint);
         if (status != FERRY_OK)
@@ -458,7 +524,7 @@ static ferry_status_t decode_access(const json_t *object, const char *prefix, un
     else if (strcmp(text, "rw") == 0)
         *access_p = FERRY_REG_REMOTE;
     else
-        return decode_bad(prefix, "access", "must be \"r\", \"w\" or \"rw\"");
+        return ferry_desc_decode_bad(prefix, "access", "must be \"r\", \"w\" or \"rw\"");
     return FERRY_OK;
 }
 
@@ -467,15 +533,16 @@ static ferry_status_t decode_keys(const json_t *object, const char *prefix,
 {
     const json_t *keys = json_object_get(object, "keys");
     if (keys == NULL)
-        return decode_bad(prefix, "keys", "missing");
+        return ferry_desc_decode_bad(prefix, "keys", "missing");
     if (!json_is_object(keys))
-        return decode_bad(prefix, "keys", "must be an object");
+        return ferry_desc_decode_bad(prefix, "keys", "must be an object");
 
-    buffer->keys = calloc(desc->n_transports ? desc->n_transports : 1, sizeof(char *));
+    buffer->keys = ferry_desc_pool_alloc(desc->pool, desc->n_transports * sizeof(char *));
     if (buffer->keys == NULL) {
         ferry_error("segment descriptor: out of memory");
         return FERRY_ERR_NO_MEMORY;
     }
+    memset(buffer->keys, 0, desc->n_transports * sizeof(char *));
     char keys_prefix[64];
     snprintf(keys_prefix, sizeof(keys_prefix), "%s.keys", prefix);
     const char *name;
@@ -483,8 +550,9 @@ static ferry_status_t decode_keys(const json_t *object, const char *prefix,
     json_object_foreach ((json_t *)keys, name, value) {
         int t = ferry_descriptor_transport_index(desc, name);
         if (t < 0)
-            return decode_bad(keys_prefix, name, "names no transport in \"transports\"");
-        ferry_status_t status = get_string_copy(keys, keys_prefix, name, &buffer->keys[t]);
+            return ferry_desc_decode_bad(keys_prefix, name, "names no transport in \"transports\"");
+        ferry_status_t status = get_string_pooled(keys, keys_prefix, name, desc->pool,
+                                                  &buffer->keys[t]);
         if (status != FERRY_OK)
             return status;
     }
@@ -497,7 +565,7 @@ static ferry_status_t decode_buffer(const json_t *object, size_t index,
     char prefix[48];
     snprintf(prefix, sizeof(prefix), "buffers[%zu]", index);
     if (!json_is_object(object))
-        return decode_bad(prefix, "", "must be an object");
+        return ferry_desc_decode_bad(prefix, "", "must be an object");
 
     ferry_status_t status = get_u64(object, prefix, "addr", 1, &buffer->addr);
     if (status != FERRY_OK)
@@ -506,10 +574,10 @@ static ferry_status_t decode_buffer(const json_t *object, size_t index,
     if (status != FERRY_OK)
         return status;
     if (buffer->length == 0)
-        return decode_bad(prefix, "length", "must not be 0");
+        return ferry_desc_decode_bad(prefix, "length", "must not be 0");
     if (buffer->length > UINT64_MAX - buffer->addr)
-        return decode_bad(prefix, "length", "addr + length does not fit in 64 bits");
-    status = get_string_copy(object, prefix, "location", &buffer->location);
+        return ferry_desc_decode_bad(prefix, "length", "addr + length does not fit in 64 bits");
+    status = get_string_pooled(object, prefix, "location", desc->pool, &buffer->location);
     if (status != FERRY_OK)
         return status;
     status = decode_access(object, prefix, &buffer->access);
@@ -522,19 +590,20 @@ static ferry_status_t decode_buffers(const json_t *root, ferry_descriptor_t *des
 {
     const json_t *array = json_object_get(root, "buffers");
     if (array == NULL)
-        return decode_bad("", "buffers", "missing");
+        return ferry_desc_decode_bad("", "buffers", "missing");
     if (!json_is_array(array))
-        return decode_bad("", "buffers", "must be an array");
+        return ferry_desc_decode_bad("", "buffers", "must be an array");
     size_t count = json_array_size(array);
     if (count > DESC_MAX_BUFFERS)
-        return decode_bad("", "buffers", "more than %zu buffers", DESC_MAX_BUFFERS);
+        return ferry_desc_decode_bad("", "buffers", "more than %zu buffers", DESC_MAX_BUFFERS);
 
     desc->buffers = calloc(count ? count : 1, sizeof(*desc->buffers));
-    if (desc->buffers == NULL) {
+    desc->pool = ferry_desc_pool_new(NULL);
+    if (desc->buffers == NULL || desc->pool == NULL) {
         ferry_error("segment descriptor: out of memory");
         return FERRY_ERR_NO_MEMORY;
     }
-    /* zeroed entries are safe to free, so unref cleans up a partial decode */
+    /* the pool holds every string, so unref cleans up a partial decode */
     desc->n_buffers = count;
     for (size_t i = 0; i < count; i++) {
         ferry_status_t status = decode_buffer(json_array_get(array, i), i, desc,
@@ -548,22 +617,23 @@ static ferry_status_t decode_buffers(const json_t *root, ferry_descriptor_t *des
 static ferry_status_t decode_root(const json_t *root, ferry_descriptor_t *desc)
 {
     if (!json_is_object(root))
-        return decode_bad("", "document", "not a JSON object");
+        return ferry_desc_decode_bad("", "document", "not a JSON object");
 
     const json_t *version = json_object_get(root, "version");
     if (version == NULL)
-        return decode_bad("", "version", "missing");
+        return ferry_desc_decode_bad("", "version", "missing");
     if (!json_is_integer(version))
-        return decode_bad("", "version", "must be an integer");
+        return ferry_desc_decode_bad("", "version", "must be an integer");
     if (json_integer_value(version) != FERRY_DESCRIPTOR_VERSION)
-        return decode_bad("", "version", "%" JSON_INTEGER_FORMAT " is not supported (expected %d)",
+        return ferry_desc_decode_bad("", "version",
+                                     "%" JSON_INTEGER_FORMAT " is not supported (expected %d)",
                           json_integer_value(version), FERRY_DESCRIPTOR_VERSION);
 
     ferry_status_t status = get_string_copy(root, "", "name", &desc->name);
     if (status != FERRY_OK)
         return status;
     if (desc->name[0] == '\0')
-        return decode_bad("", "name", "must not be empty");
+        return ferry_desc_decode_bad("", "name", "must not be empty");
     status = get_u64(root, "", "generation", 1, &desc->generation);
     if (status != FERRY_OK)
         return status;
@@ -582,19 +652,20 @@ static ferry_status_t decode_root(const json_t *root, ferry_descriptor_t *desc)
 
     const json_t *files = json_object_get(root, "files");
     if (files != NULL && !json_is_array(files))
-        return decode_bad("", "files", "must be an array");
+        return ferry_desc_decode_bad("", "files", "must be an array");
     return FERRY_OK;
 }
 
-ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
-                                       ferry_descriptor_t **desc_p)
+ferry_desc_form_t ferry_descriptor_text_form(const char *text, size_t length)
 {
-    if (json == NULL || desc_p == NULL)
-        return FERRY_ERR_INVALID_PARAM;
-    *desc_p = NULL;
-    if (length > DESC_MAX_JSON)
-        return decode_bad("", "document", "%zu bytes is more than %zu", length, DESC_MAX_JSON);
+    size_t magic = strlen(FERRY_DESC_COMPACT_MAGIC);
+    return text != NULL && length >= magic && memcmp(text, FERRY_DESC_COMPACT_MAGIC, magic) == 0
+               ? FERRY_DESC_FORM_COMPACT
+               : FERRY_DESC_FORM_JSON;
+}
 
+static ferry_status_t decode_json(const char *json, size_t length, ferry_descriptor_t *desc)
+{
     /* json_loadb() reads exactly `length` bytes: no NUL terminator needed, and
      * a NUL inside is a syntax error.  Duplicate keys would make "which value
      * counts" ambiguous, so they are refused. */
@@ -609,15 +680,35 @@ ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
                     error.column, error.text);
         return FERRY_ERR_DECODE;
     }
+    ferry_status_t status = decode_root(root, desc);
+    json_decref(root);
+    return status;
+}
+
+ferry_status_t ferry_descriptor_decode(const char *text, size_t length,
+                                       ferry_descriptor_t **desc_p)
+{
+    if (text == NULL || desc_p == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    *desc_p = NULL;
+    if (length > DESC_MAX_JSON)
+        return ferry_desc_decode_bad("", "document", "%zu bytes is more than %zu", length,
+                                     DESC_MAX_JSON);
 
     ferry_descriptor_t *desc = ferry_descriptor_new();
     if (desc == NULL) {
-        json_decref(root);
         ferry_error("segment descriptor: out of memory");
         return FERRY_ERR_NO_MEMORY;
     }
-    ferry_status_t status = decode_root(root, desc);
-    json_decref(root);
+    ferry_status_t status = ferry_descriptor_text_form(text, length) == FERRY_DESC_FORM_COMPACT
+                                ? ferry_descriptor_compact_decode(text, length, desc)
+                                : decode_json(text, length, desc);
+    return ferry_descriptor_complete(desc, status, desc_p);
+}
+
+ferry_status_t ferry_descriptor_complete(ferry_descriptor_t *desc, ferry_status_t status,
+                                         ferry_descriptor_t **desc_p)
+{
     if (status == FERRY_OK)
         status = ferry_descriptor_finish(desc);
     if (status != FERRY_OK) {
@@ -626,4 +717,52 @@ ferry_status_t ferry_descriptor_decode(const char *json, size_t length,
     }
     *desc_p = desc;
     return FERRY_OK;
+}
+
+ferry_status_t ferry_descriptor_encode_as(const ferry_descriptor_t *desc, ferry_desc_form_t form,
+                                          char **text_p, size_t *length_p)
+{
+    if (form == FERRY_DESC_FORM_COMPACT)
+        return ferry_descriptor_compact_encode(desc, text_p, length_p);
+    ferry_status_t status = ferry_descriptor_encode(desc, text_p);
+    if (status == FERRY_OK && length_p != NULL)
+        *length_p = strlen(*text_p);
+    return status;
+}
+
+/* UTF-8 as RFC 3629 has it (no surrogates, nothing past U+10FFFF, shortest
+ * form only), and no NUL: what a JSON string can hold, so that either form
+ * can carry any descriptor the other holds. */
+int ferry_desc_text_valid(const char *text, size_t length)
+{
+    const unsigned char *s = (const unsigned char *)text, *end = s + length;
+    while (s < end) {
+        unsigned c = *s;
+        if (c >= 0x01 && c < 0x80) {
+            s++;
+            continue;
+        }
+        size_t need;
+        unsigned min, code;
+        if (c >= 0xc2 && c <= 0xdf) {
+            need = 1, min = 0x80, code = c & 0x1f;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            need = 2, min = 0x800, code = c & 0x0f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            need = 3, min = 0x10000, code = c & 0x07;
+        } else {
+            return 0; /* NUL, a continuation byte, or an invalid lead */
+        }
+        if ((size_t)(end - s) <= need)
+            return 0;
+        for (size_t i = 1; i <= need; i++) {
+            if ((s[i] & 0xc0) != 0x80)
+                return 0;
+            code = code << 6 | (s[i] & 0x3f);
+        }
+        if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff))
+            return 0;
+        s += need + 1;
+    }
+    return 1;
 }

@@ -54,6 +54,11 @@ static const ferry_setting_t engine_settings[] = {
             "also subscribes this engine to the owner's invalidations; no: trust the store (then "
             "a forged store entry steers one-sided copies, and a write after the owner's "
             "unregister can land)", confirm_descriptors, FERRY_SETTING_BOOL),
+    SETTING("DESCRIPTOR_FORMAT", "auto", "form of the descriptors this engine publishes: "
+            "compact (fast to read; engines of this version on), json (every reader, older "
+            "engines and other tools too), auto: compact in etcd, redis and pmix, json over "
+            "http (Mooncake's server shows it), p2p as each reader asks; readers take either",
+            descriptor_format, FERRY_SETTING_STRING),
     SETTING("WAIT_SPIN", "50", "microseconds ferry_batch_wait drives the transports' progress on "
             "the calling thread before it sleeps (0: sleep at once)", wait_spin_us,
             FERRY_SETTING_UINT),
@@ -204,6 +209,17 @@ static ferry_status_t start_metadata(ferry_engine_t *engine)
         .rpc_fetch = ferry_engine_rpc_fetch,
         .segment_changed = ferry_segment_cache_changed,
     };
+    const char *format = engine->settings.descriptor_format;
+    if (strcmp(format, "auto") == 0 || format[0] == '\0') {
+        engine->publish_form = engine->metadata_plugin->flags & FERRY_METADATA_COMPACT
+                                   ? FERRY_DESC_FORM_COMPACT
+                                   : FERRY_DESC_FORM_JSON;
+    } else if (strcmp(format, "compact") == 0 || strcmp(format, "json") == 0) {
+        engine->publish_form = format[0] == 'c' ? FERRY_DESC_FORM_COMPACT : FERRY_DESC_FORM_JSON;
+    } else {
+        ferry_error("FERRY_DESCRIPTOR_FORMAT=\"%.64s\": not auto, compact or json", format);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     /* The store logged why (once); no second line here. */
     status = engine->metadata->create(&engine->metadata_services, uri, &engine->metadata_ctx);
     if (status != FERRY_OK)
@@ -374,7 +390,9 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     pthread_mutex_init(&engine->batches_lock, NULL);
     engine->generation = ferry_random_u64();
 
-    status = apply_config(&engine->settings, config);
+    status = ferry_engine_changes_init(engine);
+    if (status == FERRY_OK)
+        status = apply_config(&engine->settings, config);
     if (status != FERRY_OK)
         goto err_destroy;
     ferry_copy_set_nt_min(engine->settings.copy_nt_min);
@@ -401,6 +419,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         .access_acquire = ferry_engine_access_acquire,
         .access_release = ferry_engine_access_release,
         .slice_done = ferry_batch_slice_done,
+        .slices_done = ferry_batch_slices_done,
         .peer_seen = ferry_engine_peer_seen,
         .notify_deliver = ferry_engine_notify_deliver,
         .access_is_device = ferry_engine_access_is_device,
@@ -502,9 +521,7 @@ void ferry_engine_free(ferry_engine_t *engine)
         next = n->next;
         free(n);
     }
-    free(engine->published_json);
-    if (engine->local_desc)
-        ferry_descriptor_unref(engine->local_desc);
+    ferry_engine_changes_fini(engine);
     ferry_settings_release(engine_settings, FERRY_ARRAY_SIZE(engine_settings),
                            &engine->settings);
     free(engine->name);

@@ -141,6 +141,7 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
         ferry_reg_entry_free(entry);
         return status;
     }
+    ferry_engine_changes_added(engine, entry);
     *entry_p = entry;
     *added_p = 1;
     return FERRY_OK;
@@ -151,6 +152,7 @@ static void unregister_one(ferry_engine_t *engine, ferry_reg_entry_t *entry)
 {
     if (--entry->refs > 0)
         return;
+    ferry_engine_changes_removed(engine, entry);
     ferry_registry_remove(&engine->registry, entry);
     ferry_batch_forget_entry(engine, entry);
     ferry_registry_drain(&engine->registry, entry);
@@ -320,6 +322,7 @@ ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *loc
         ferry_reg_entry_free(entry);
         return status;
     }
+    ferry_engine_changes_added(engine, entry);
     if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
         ferry_status_t published = ferry_engine_publish_locked(engine);
         if (published != FERRY_OK)
@@ -428,116 +431,6 @@ ferry_status_t ferry_publish(ferry_engine_h handle)
     pthread_mutex_lock(&engine->register_lock);
     ferry_status_t status = ferry_engine_publish_locked(engine);
     pthread_mutex_unlock(&engine->register_lock);
-    return status;
-}
-
-/* Whether the transport's key may be published for a buffer with those
- * flags: a key that grants reads (a UCX rkey) is kept from a buffer that
- * peers may not read. */
-static int key_enforces(const ferry_transport_instance_t *tp, unsigned flags)
-{
-    return !(tp->plugin->flags & FERRY_TRANSPORT_KEY_GRANTS_READ) ||
-           (flags & FERRY_REG_REMOTE_READ);
-}
-
-/* Caller holds published_lock (for published_epoch). */
-static ferry_status_t build_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p)
-{
-    ferry_descriptor_t *desc = ferry_descriptor_new();
-    if (desc == NULL)
-        return FERRY_ERR_NO_MEMORY;
-    desc->name = strdup(engine->name);
-    desc->generation = engine->generation;
-    desc->host_id = strdup(engine->host_id);
-    desc->rpc = strdup(engine->rpc_endpoint);
-    desc->transports = calloc(engine->n_transports + 1, sizeof(*desc->transports));
-    ferry_status_t status = FERRY_ERR_NO_MEMORY;
-    if (!desc->name || !desc->host_id || !desc->rpc || !desc->transports)
-        goto err_unref;
-    for (size_t i = 0; i < engine->n_transports; i++, desc->n_transports++) {
-        desc->transports[i].name = strdup(engine->transports[i].plugin->name);
-        desc->transports[i].endpoint = strdup(engine->transports[i].address);
-        if (!desc->transports[i].name || !desc->transports[i].endpoint)
-            goto err_unref;
-    }
-    ferry_registry_t *registry = &engine->registry;
-    pthread_rwlock_rdlock(&registry->lock);
-    desc->buffers = calloc(registry->count + 1, sizeof(*desc->buffers));
-    int complete = desc->buffers != NULL;
-    ferry_registry_iter_t it;
-    ferry_registry_iter_init(&it, registry);
-    for (const ferry_reg_entry_t *entry; complete && (entry = ferry_registry_iter_next(&it));) {
-        if (entry->epoch > engine->published_epoch)
-            continue; /* registered with FERRY_REG_DEFER_PUBLISH, not published yet */
-        ferry_desc_buffer_t *buffer = &desc->buffers[desc->n_buffers++];
-        buffer->addr = entry->addr;
-        buffer->length = entry->length;
-        buffer->access = entry->flags & FERRY_REG_REMOTE;
-        buffer->location = strdup(entry->location);
-        buffer->keys = calloc(engine->n_transports + 1, sizeof(char *));
-        complete = buffer->location != NULL && buffer->keys != NULL;
-        for (size_t t = 0; complete && t < engine->n_transports; t++)
-            if (entry->keys[t] && key_enforces(&engine->transports[t], entry->flags))
-                complete = (buffer->keys[t] = strdup(entry->keys[t])) != NULL;
-    }
-    pthread_rwlock_unlock(&registry->lock);
-    if (!complete) /* a descriptor without some buffer or key would mislead peers */
-        goto err_unref;
-    *desc_p = desc;
-    return FERRY_OK;
-
-err_unref:
-    ferry_descriptor_unref(desc);
-    return status;
-}
-
-ferry_status_t ferry_engine_local_descriptor(ferry_engine_t *engine, ferry_descriptor_t **desc_p,
-                                             char **json_p)
-{
-    ferry_status_t status = FERRY_OK;
-    pthread_mutex_lock(&engine->published_lock);
-    if (engine->published_stale || engine->local_desc == NULL) {
-        ferry_descriptor_t *desc;
-        char *json = NULL;
-        status = build_descriptor(engine, &desc);
-        if (status == FERRY_OK && (status = ferry_descriptor_encode(desc, &json)) != FERRY_OK)
-            ferry_descriptor_unref(desc);
-        if (status == FERRY_OK) {
-            free(engine->published_json);
-            if (engine->local_desc)
-                ferry_descriptor_unref(engine->local_desc);
-            engine->published_json = json;
-            engine->local_desc = desc;
-            engine->published_stale = 0;
-        }
-    }
-    if (status == FERRY_OK && desc_p)
-        *desc_p = ferry_descriptor_ref(engine->local_desc);
-    if (status == FERRY_OK && json_p && (*json_p = strdup(engine->published_json)) == NULL) {
-        if (desc_p)
-            ferry_descriptor_unref(*desc_p);
-        status = FERRY_ERR_NO_MEMORY;
-    }
-    pthread_mutex_unlock(&engine->published_lock);
-    return status;
-}
-
-ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
-{
-    pthread_mutex_lock(&engine->published_lock);
-    engine->published_stale = 1;
-    engine->published_epoch = engine->register_epoch;
-    pthread_mutex_unlock(&engine->published_lock);
-    /* Owner-served stores (p2p) ask us when a peer wants it: encoding now
-     * would make n registrations cost O(n^2). */
-    if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
-        return FERRY_OK;
-    char *json;
-    ferry_status_t status = ferry_engine_local_descriptor(engine, NULL, &json);
-    if (status != FERRY_OK)
-        return status;
-    status = engine->metadata->publish(engine->metadata_ctx, engine->name, json);
-    free(json);
     return status;
 }
 

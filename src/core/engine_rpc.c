@@ -27,12 +27,19 @@ static ferry_status_t handle_fetch(ferry_engine_t *engine, ferry_wire_reader_t *
     ferry_status_t subscribed = ferry_engine_subscribe(engine, m.from);
     if (subscribed != FERRY_OK)
         return subscribed;
-    char *json;
-    ferry_status_t status = ferry_engine_local_descriptor(engine, NULL, &json);
+    /* An older engine asks without `accept`: JSON, all it reads. */
+    ferry_desc_form_t form = m.accept & FERRY_RPC_ACCEPT_COMPACT ? FERRY_DESC_FORM_COMPACT
+                                                                 : FERRY_DESC_FORM_JSON;
+    char *text;
+    size_t length;
+    ferry_status_t status =
+        m.accept & FERRY_RPC_ACCEPT_CHANGES
+            ? ferry_engine_changes_text(engine, m.generation, m.revision, form, &text, &length)
+            : ferry_engine_local_text(engine, form, &text, &length);
     if (status != FERRY_OK)
         return status;
-    *reply_p = json;
-    *reply_length_p = strlen(json);
+    *reply_p = text;
+    *reply_length_p = length;
     return FERRY_OK;
 }
 
@@ -124,20 +131,34 @@ ferry_status_t ferry_engine_rpc_handle(void *arg, int type, const void *payload,
     }
 }
 
-ferry_status_t ferry_engine_rpc_fetch(void *arg, const char *rpc, const char *name,
-                                      char **descriptor_p)
+ferry_status_t ferry_engine_rpc_fetch_since(ferry_engine_t *engine, const char *rpc,
+                                            const char *name, uint64_t generation,
+                                            uint64_t revision, char **text_p, size_t *length_p)
 {
-    ferry_engine_t *engine = arg;
+    ferry_rpc_fetch_t m = {.accept = FERRY_RPC_ACCEPT_COMPACT, .generation = generation,
+                           .revision = revision};
+    if (revision != 0)
+        m.accept |= FERRY_RPC_ACCEPT_CHANGES;
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    snprintf(m.from, sizeof(m.from), "%s", engine->rpc_endpoint);
     ferry_wire_writer_t out = {0};
-    if (ferry_rpc_fetch_write(&out, name, engine->rpc_endpoint) != FERRY_OK)
+    if (ferry_rpc_fetch_since_write(&out, &m) != FERRY_OK)
         return FERRY_ERR_NO_MEMORY;
     size_t length;
     ferry_status_t status = ferry_rpc_call(rpc, FERRY_RPC_FETCH, out.data, out.length,
                                            engine->settings.rpc_timeout_ms,
-                                           engine->settings.rpc_max_frame,
-                                           (void **)descriptor_p, &length);
+                                           engine->settings.rpc_max_frame, (void **)text_p,
+                                           &length);
     free(out.data);
+    if (status == FERRY_OK && length_p != NULL)
+        *length_p = length;
     return status;
+}
+
+ferry_status_t ferry_engine_rpc_fetch(void *engine, const char *rpc, const char *name,
+                                      char **descriptor_p)
+{
+    return ferry_engine_rpc_fetch_since(engine, rpc, name, 0, 0, descriptor_p, NULL);
 }
 
 /* Through the first transport both sides enabled that carries notifies. */

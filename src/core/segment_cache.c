@@ -55,16 +55,72 @@ void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cac
 static ferry_status_t fetch_descriptor(ferry_engine_t *engine, const char *name,
                                        ferry_descriptor_t **desc_p)
 {
-    char *json = NULL;
+    char *text = NULL;
     /* The store logs its own failures: it knows why. */
-    ferry_status_t status = engine->metadata->fetch(engine->metadata_ctx, name, &json);
+    ferry_status_t status = engine->metadata->fetch(engine->metadata_ctx, name, &text);
     if (status != FERRY_OK)
         return status;
-    status = ferry_descriptor_decode(json, strlen(json), desc_p);
-    free(json);
+    status = ferry_descriptor_decode(text, strlen(text), desc_p);
+    free(text);
     if (status != FERRY_OK)
         ferry_error("segment \"%s\": the metadata store holds an invalid descriptor", name);
     else if (engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)
+        atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
+    return status;
+}
+
+/*
+ * Refresh of a descriptor we hold, from its owner (p2p): the owner answers
+ * with the changes since our revision (O(changes) to send and decode, one
+ * copy of the buffer array to apply), or the whole descriptor when its log
+ * does not reach back that far.  FERRY_ERR_UNSUPPORTED: not possible here
+ * (another store, no revision, or an answer that did not fit), the caller
+ * fetches whole; any other failure is the owner's answer.
+ */
+static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
+                                    const ferry_descriptor_t *held, ferry_descriptor_t **desc_p)
+{
+    if (!(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES) || held == NULL ||
+        held->revision == 0 || held->rpc == NULL || held->rpc[0] == '\0')
+        return FERRY_ERR_UNSUPPORTED;
+    /* As the p2p store asks: "name@host:port" wants that name, "host:port"
+     * whoever answers there (a restarted owner sends its whole descriptor). */
+    const char *at = strrchr(name, '@');
+    char wanted[1024] = "";
+    if (at != NULL && (size_t)(at - name) < sizeof(wanted))
+        memcpy(wanted, name, (size_t)(at - name));
+    char *text = NULL;
+    size_t length = 0;
+    ferry_status_t status = ferry_engine_rpc_fetch_since(engine, held->rpc, wanted,
+                                                         held->generation, held->revision,
+                                                         &text, &length);
+    if (status != FERRY_OK) {
+        ferry_error("segment \"%s\": its owner at %s does not answer a refresh: %s",
+                    held->name, held->rpc, ferry_status_string(status));
+        return status;
+    }
+    size_t magic = strlen(FERRY_DESC_CHANGES_MAGIC);
+    if (length < magic || memcmp(text, FERRY_DESC_CHANGES_MAGIC, magic) != 0) {
+        status = ferry_descriptor_decode(text, length, desc_p); /* whole: too old */
+    } else {
+        ferry_desc_changes_t changes;
+        status = ferry_desc_changes_decode(text, length, &changes);
+        if (status == FERRY_OK && changes.n_steps == 0 && changes.generation == held->generation &&
+            changes.from == held->revision)
+            *desc_p = ferry_descriptor_ref((ferry_descriptor_t *)held); /* nothing changed */
+        else if (status == FERRY_OK)
+            status = ferry_descriptor_apply(held, &changes, desc_p);
+        if (status == FERRY_OK || status == FERRY_ERR_DECODE)
+            ferry_desc_changes_fini(&changes);
+    }
+    free(text);
+    if (status == FERRY_ERR_DECODE) {
+        /* the decoder said why (once); fetching whole is the answer to it */
+        ferry_info("segment \"%s\": its owner's changes do not apply; fetching it whole",
+                   held->name);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    if (status == FERRY_OK)
         atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
     return status;
 }
@@ -182,14 +238,20 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
     /* An invalidation while we fetch (it bumps the version) may describe a
      * change our fetch read too early to see: then the result stays stale. */
     uint64_t version_before = atomic_load_explicit(&segment->version, memory_order_relaxed);
+    /* What we hold: the base of an incremental refresh. */
+    ferry_descriptor_t *held = ferry_descriptor_ref(segment->desc);
     pthread_mutex_unlock(&segment->lock);
 
     ferry_descriptor_t *desc = NULL;
-    ferry_status_t status;
+    ferry_status_t status = FERRY_ERR_UNSUPPORTED;
     if (segment->is_local)
         status = (desc = local_descriptor(engine)) ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
-    else
+    else if (held != NULL)
+        status = fetch_changes(engine, segment->name, held, &desc);
+    if (status == FERRY_ERR_UNSUPPORTED)
         status = fetch_descriptor(engine, segment->name, &desc);
+    if (held != NULL)
+        ferry_descriptor_unref(held);
 
     ferry_descriptor_t *old = NULL;
     /* Read before desc is published: once the lock is dropped, another

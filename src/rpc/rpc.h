@@ -12,7 +12,9 @@
 #define FERRY_RPC_HEADER_SIZE 16
 
 typedef enum ferry_rpc_type {
-    FERRY_RPC_FETCH = 1,          /* str name, str requester rpc -> descriptor JSON */
+    FERRY_RPC_FETCH = 1,          /* str name, str requester rpc [, u64 accept, u64 generation,
+                                     u64 revision] -> descriptor text, or changes since the
+                                     revision (ferry_rpc_fetch_t) */
     FERRY_RPC_FETCH_REPLY = 2,
     FERRY_RPC_NOTIFY = 3,         /* str from, bytes msg -> empty */
     FERRY_RPC_NOTIFY_ACK = 4,
@@ -84,7 +86,7 @@ ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payloa
  * is endpoint i's: FERRY_OK for a reply of the right type, the reply's
  * error status, or why none came.  Replies' payloads are read and dropped.
  * One thread, non-blocking sockets: n unanswered endpoints cost one bound,
- * not n. */
+ * not n; at most 256 sockets open at once, the next starting as one ends. */
 void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const void *payload,
                         size_t length, unsigned timeout_ms, size_t max_frame,
                         ferry_status_t *statuses);
@@ -141,7 +143,20 @@ void ferry_wire_get_str(ferry_wire_reader_t *reader, char *out, size_t out_size)
 typedef struct ferry_rpc_fetch {
     char name[1024]; /* the segment ("": whatever this engine's is) */
     char from[300];  /* the caller's RPC host:port, for invalidations */
+    /* Optional, after the two strings (an older engine sends neither and
+     * ignores them): 0 when absent.  accept: FERRY_RPC_ACCEPT_* bits; with
+     * CHANGES, the caller holds generation's revision and takes the
+     * changes since (doc/metadata.md, "Incremental refresh"). */
+    int extended;
+    uint64_t accept;
+    uint64_t generation;
+    uint64_t revision;
 } ferry_rpc_fetch_t;
+
+enum {
+    FERRY_RPC_ACCEPT_COMPACT = 1u << 0, /* the compact descriptor form */
+    FERRY_RPC_ACCEPT_CHANGES = 1u << 1, /* a change set instead of the descriptor */
+};
 
 typedef struct ferry_rpc_notify {
     char from[256];
@@ -164,6 +179,8 @@ typedef struct ferry_rpc_probe_reply {
  * Readers: FERRY_ERR_PROTOCOL on a truncated or malformed payload, or a
  * string past its buffer. */
 ferry_status_t ferry_rpc_fetch_write(ferry_wire_writer_t *out, const char *name, const char *from);
+/* With the optional fields (m->extended ignored: always written). */
+ferry_status_t ferry_rpc_fetch_since_write(ferry_wire_writer_t *out, const ferry_rpc_fetch_t *m);
 ferry_status_t ferry_rpc_fetch_read(ferry_wire_reader_t *in, ferry_rpc_fetch_t *m);
 ferry_status_t ferry_rpc_notify_write(ferry_wire_writer_t *out, const char *from,
                                       const void *msg, size_t length);

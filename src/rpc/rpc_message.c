@@ -30,10 +30,24 @@ ferry_status_t ferry_rpc_fetch_write(ferry_wire_writer_t *out, const char *name,
     return write_end(out);
 }
 
+ferry_status_t ferry_rpc_fetch_since_write(ferry_wire_writer_t *out, const ferry_rpc_fetch_t *m)
+{
+    ferry_wire_put_str(out, m->name);
+    ferry_wire_put_str(out, m->from);
+    ferry_wire_put_u64(out, m->accept);
+    ferry_wire_put_u64(out, m->generation);
+    ferry_wire_put_u64(out, m->revision);
+    return write_end(out);
+}
+
 ferry_status_t ferry_rpc_fetch_read(ferry_wire_reader_t *in, ferry_rpc_fetch_t *m)
 {
     ferry_wire_get_str(in, m->name, sizeof(m->name));
     ferry_wire_get_str(in, m->from, sizeof(m->from));
+    m->extended = !in->failed && in->offset < in->length;
+    m->accept = m->extended ? ferry_wire_get_u64(in) : 0;
+    m->generation = m->extended ? ferry_wire_get_u64(in) : 0;
+    m->revision = m->extended ? ferry_wire_get_u64(in) : 0;
     return read_end(in);
 }
 

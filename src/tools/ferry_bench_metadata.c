@@ -9,7 +9,15 @@
  *                encoded and stored);
  *   open         ferry_segment_open() of a segment not in the reader's cache
  *                (store fetch + decode), for a 1-buffer and the large segment;
- *   open cached  ferry_segment_open() of a segment already open.
+ *   open cached  ferry_segment_open() of a segment already open;
+ *   open after a change: the same, the owner having unregistered (or
+ *                registered again) one buffer before each open, so that its
+ *                descriptor is made and encoded anew;
+ *   refresh      ferry_segment_refresh() of an open segment after its owner
+ *                unregistered one buffer, or registered it again
+ *                (alternately), for the small and the large segment: what a
+ *                peer pays for one change (p2p: the changes since its
+ *                revision; other stores: the whole descriptor).
  * Reported as median, 99th percentile and mean in microseconds.
  */
 #include "ferry_bench.h"
@@ -26,6 +34,7 @@ typedef struct md_options {
     const char *transport;
     unsigned iterations;
     unsigned registrations;
+    unsigned small;
 } md_options_t;
 
 static double now_us(void)
@@ -75,11 +84,23 @@ static int make_engine(const md_options_t *o, const char *name, ferry_engine_h *
 }
 
 /* Open and close `name` n times; open is uncached each time (the close of
- * the last handle drops the cached descriptor). */
-static int time_opens(ferry_engine_h reader, const char *name, double *samples, unsigned n)
+ * the last handle drops the cached descriptor).  With an owner and one of
+ * its registered pages, the owner unregisters (or registers again) that page
+ * before each open, unmeasured: the owner's descriptor is made and encoded
+ * anew for each open. */
+static int time_opens(ferry_engine_h owner, unsigned char *page, ferry_engine_h reader,
+                      const char *name, double *samples, unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {
         ferry_segment_h segment;
+        ferry_status_t changed = FERRY_OK;
+        if (owner != NULL)
+            changed = i % 2 ? ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE)
+                            : ferry_unregister(owner, page);
+        if (changed != FERRY_OK) {
+            fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(changed));
+            return -1;
+        }
         double start = now_us();
         ferry_status_t status = ferry_segment_open(reader, name, &segment);
         samples[i] = now_us() - start;
@@ -89,7 +110,35 @@ static int time_opens(ferry_engine_h reader, const char *name, double *samples, 
         }
         ferry_segment_close(reader, segment);
     }
+    if (owner != NULL && n % 2 &&
+        ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE) != FERRY_OK)
+        return -1;
     return 0;
+}
+
+/* Open `name`, then n times: the owner unregisters one of its pages (and
+ * next time registers it again), unmeasured; the reader's refresh is
+ * measured. */
+static int time_refreshes(ferry_engine_h owner, ferry_engine_h reader, const char *name,
+                          unsigned char *page, double *samples, unsigned n)
+{
+    ferry_segment_h segment;
+    ferry_status_t status = ferry_segment_open(reader, name, &segment);
+    for (unsigned i = 0; i < n && status == FERRY_OK; i++) {
+        status = i % 2 ? ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE)
+                       : ferry_unregister(owner, page);
+        if (status != FERRY_OK)
+            break;
+        double start = now_us();
+        status = ferry_segment_refresh(reader, name);
+        samples[i] = now_us() - start;
+    }
+    if (status == FERRY_OK && n % 2)
+        status = ferry_register(owner, page, 4096, "cpu", FERRY_REG_REMOTE);
+    if (status != FERRY_OK)
+        fprintf(stderr, "ferry_bench: refresh %s: %s\n", name, ferry_status_string(status));
+    ferry_segment_close(reader, segment);
+    return status == FERRY_OK ? 0 : -1;
 }
 
 static void usage(FILE *out)
@@ -99,10 +148,11 @@ static void usage(FILE *out)
             "[--registrations=N]\n"
             "  --metadata=URI        store to measure (default: FERRY_METADATA, else p2p)\n"
             "  --iterations=N        samples per operation (default 200)\n"
-            "  --registrations=N     buffers in the published segment (default 1000)\n"
+            "  --registrations=N     buffers in the large segment (default 1000)\n"
+            "  --small=N             buffers in the small segment (default 1)\n"
             "  --transport=NAME      transports the engines enable (default tcp)\n"
-            "Prints median, p99 and mean latency in microseconds of publish, uncached open\n"
-            "and cached open, and one RESULT line per operation.\n");
+            "Prints median, p99 and mean latency in microseconds of publish, uncached open,\n"
+            "cached open and refresh after one change, and one RESULT line per operation.\n");
 }
 
 static int parse(int argc, char **argv, md_options_t *o)
@@ -112,11 +162,12 @@ static int parse(int argc, char **argv, md_options_t *o)
         {"metadata", required_argument, NULL, 'm'},
         {"iterations", required_argument, NULL, 'i'},
         {"registrations", required_argument, NULL, 'r'},
+        {"small", required_argument, NULL, 's'},
         {"transport", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    *o = (md_options_t){.iterations = 200, .registrations = 1000};
+    *o = (md_options_t){.iterations = 200, .registrations = 1000, .small = 1};
     int opt;
     char *end;
     optind = 1;
@@ -136,6 +187,13 @@ static int parse(int argc, char **argv, md_options_t *o)
             o->registrations = (unsigned)strtoul(optarg, &end, 10);
             if (*end || o->registrations == 0 || o->registrations > 1000000) {
                 fprintf(stderr, "ferry_bench: --registrations is 1..1000000\n");
+                return -1;
+            }
+            break;
+        case 's':
+            o->small = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || o->small == 0 || o->small > 1000000) {
+                fprintf(stderr, "ferry_bench: --small is 1..1000000\n");
                 return -1;
             }
             break;
@@ -168,19 +226,27 @@ int ferry_bench_metadata_main(int argc, char **argv)
 
     ferry_engine_h small = NULL, large = NULL, reader = NULL;
     size_t page = 4096, n = o.registrations;
-    unsigned char *arena = NULL;
+    /* [small segment][large segment] */
+    size_t pages = o.small + n;
+    unsigned char *arena = NULL, *small_arena, *large_arena;
     double *samples = calloc(o.iterations, sizeof(double));
-    ferry_region_t *regions = calloc(n, sizeof(*regions));
+    ferry_region_t *regions = calloc(n > o.small ? n : o.small, sizeof(*regions));
     int rc = 1;
-    if (samples == NULL || regions == NULL || posix_memalign((void **)&arena, page, n * page))
+    if (samples == NULL || regions == NULL || posix_memalign((void **)&arena, page, pages * page))
         goto out;
+    small_arena = arena;
+    large_arena = arena + o.small * page;
     if (make_engine(&o, p2p ? NULL : small_name, &small) || make_engine(&o, p2p ? NULL :
         large_name, &large) || make_engine(&o, p2p ? NULL : reader_name, &reader))
         goto out;
 
-    ferry_status_t status = ferry_register(small, arena, page, "cpu", FERRY_REG_REMOTE);
+    for (size_t i = 0; i < o.small; i++)
+        regions[i] = (ferry_region_t){.addr = small_arena + i * page, .length = page,
+                                      .location = "cpu"};
+    ferry_status_t status = ferry_register_batch(small, regions, o.small, FERRY_REG_REMOTE);
     for (size_t i = 0; i < n; i++)
-        regions[i] = (ferry_region_t){.addr = arena + i * page, .length = page, .location = "cpu"};
+        regions[i] = (ferry_region_t){.addr = large_arena + i * page, .length = page,
+                                      .location = "cpu"};
     /* One deferred batch: the registrations themselves are not measured. */
     if (status == FERRY_OK)
         status = ferry_register_batch(large, regions, n, FERRY_REG_REMOTE |
@@ -189,8 +255,8 @@ int ferry_bench_metadata_main(int argc, char **argv)
         fprintf(stderr, "ferry_bench: register: %s\n", ferry_status_string(status));
         goto out;
     }
-    printf("ferry_bench --metadata-ops: store %s, %u iterations, %u registrations\n", uri,
-           o.iterations, o.registrations);
+    printf("ferry_bench --metadata-ops: store %s, %u iterations, %u and %u registrations\n",
+           uri, o.iterations, o.small, o.registrations);
     printf("%-34s %12s %12s %12s\n", "operation", "median_us", "p99_us", "mean_us");
 
     char label[64];
@@ -203,7 +269,8 @@ int ferry_bench_metadata_main(int argc, char **argv)
             goto out;
         }
     }
-    report(store, "publish_1", "publish (1 buffer)", samples, o.iterations);
+    snprintf(label, sizeof(label), "publish (%u buffer%s)", o.small, o.small > 1 ? "s" : "");
+    report(store, "publish_1", label, samples, o.iterations);
     for (unsigned i = 0; i < o.iterations; i++) {
         double start = now_us();
         status = ferry_publish(large);
@@ -218,13 +285,26 @@ int ferry_bench_metadata_main(int argc, char **argv)
 
     const char *small_seg = ferry_engine_segment_name(small);
     const char *large_seg = ferry_engine_segment_name(large);
-    if (time_opens(reader, small_seg, samples, o.iterations) != 0)
+    if (time_opens(NULL, NULL, reader, small_seg, samples, o.iterations) != 0)
         goto out;
-    report(store, "open_uncached_1", "open uncached (1 buffer)", samples, o.iterations);
-    if (time_opens(reader, large_seg, samples, o.iterations) != 0)
+    snprintf(label, sizeof(label), "open uncached (%u buffer%s)", o.small, o.small > 1 ? "s" : "");
+    report(store, "open_uncached_1", label, samples, o.iterations);
+    double first = now_us();
+    if (time_opens(NULL, NULL, reader, large_seg, samples, 1) != 0)
+        goto out;
+    first = now_us() - first;
+    printf("%-34s %12.1f\n", "first open (owner builds)", first);
+    printf("RESULT store=%s op=open_first iterations=1 median_us=%.1f p99_us=%.1f "
+           "mean_us=%.1f\n", store, first, first, first);
+    if (time_opens(NULL, NULL, reader, large_seg, samples, o.iterations) != 0)
         goto out;
     snprintf(label, sizeof(label), "open uncached (%u buffers)", o.registrations);
     report(store, "open_uncached", label, samples, o.iterations);
+    if (time_opens(large, large_arena + (n - 1) * page, reader, large_seg, samples,
+                   o.iterations) != 0)
+        goto out;
+    snprintf(label, sizeof(label), "open after a change (%u)", o.registrations);
+    report(store, "open_changed", label, samples, o.iterations);
 
     ferry_segment_h held, again;
     if (ferry_segment_open(reader, large_seg, &held) != FERRY_OK)
@@ -246,6 +326,17 @@ int ferry_bench_metadata_main(int argc, char **argv)
     if (status != FERRY_OK)
         goto out;
     report(store, "open_cached", "open cached", samples, o.iterations);
+
+    if (time_refreshes(small, reader, small_seg, small_arena + (o.small - 1) * page, samples,
+                       o.iterations) != 0)
+        goto out;
+    snprintf(label, sizeof(label), "refresh, 1 change (%u)", o.small);
+    report(store, "refresh_1", label, samples, o.iterations);
+    if (time_refreshes(large, reader, large_seg, large_arena + (n - 1) * page, samples,
+                       o.iterations) != 0)
+        goto out;
+    snprintf(label, sizeof(label), "refresh, 1 change (%u)", o.registrations);
+    report(store, "refresh", label, samples, o.iterations);
     fflush(stdout);
     rc = 0;
 

@@ -47,7 +47,8 @@ static void read_fetch(ferry_wire_reader_t *in)
     if (status != FERRY_OK)
         return;
     ferry_wire_writer_t out = {0};
-    check_encoding(in, &out, ferry_rpc_fetch_write(&out, m.name, m.from));
+    check_encoding(in, &out, m.extended ? ferry_rpc_fetch_since_write(&out, &m)
+                                        : ferry_rpc_fetch_write(&out, m.name, m.from));
 }
 
 static void read_notify(ferry_wire_reader_t *in)

@@ -379,6 +379,7 @@ static const ferry_plugin_t etcd_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_METADATA,
     .name = "etcd",
+    .flags = FERRY_METADATA_COMPACT, /* only Ferry engines read it */
     .description = "etcd v3: etcd://host:port[,host:port...], keys on a lease kept alive, "
                    "watched for changes",
     .settings = etcd_settings,

@@ -503,6 +503,7 @@ static const ferry_plugin_t redis_plugin = {
     .abi_version = FERRY_PLUGIN_ABI_VERSION,
     .kind = FERRY_PLUGIN_METADATA,
     .name = "redis",
+    .flags = FERRY_METADATA_COMPACT, /* only Ferry engines read it */
     .description = "redis server: redis://[user:password@]host:port[/db], keys expire unless "
                    "renewed",
     .settings = redis_settings,
