@@ -1,8 +1,10 @@
 #!/bin/sh
 # Ferry against MPI one-sided on this host: the ferry_osu_* benchmarks with
 # --api=both (each size through Ferry, then MPI, back to back in the same
-# two-rank job), RUNS times, medians per size.  Prints a Markdown table for
-# doc/performance.md.
+# two-rank job), RUNS times, medians per size, from MIN_SIZE (default 1 B)
+# to 4 MiB.  Prints a Markdown table for doc/performance.md; the Ferry/MPI
+# column is the median of each run's own ratio (both APIs in the same job
+# see the same load), the MB/s columns medians of their own.
 # Usage: contrib/bench-osu-ferry-vs-mpi.sh [BUILD_DIR] [RUNS] [TRANSPORT]
 # (run contrib/quickstart-test.sh or build first; TRANSPORT: as
 #  FERRY_TRANSPORTS, default every one, the best picked)
@@ -15,6 +17,7 @@ set -e
 build=$(cd "${1:-build}" && pwd)
 runs=${2:-5}
 transport=${3:-}
+min_size=${MIN_SIZE:-1}
 out=$(mktemp -d /tmp/ferry-osu-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 export FERRY_MODULE_DIR="$build/modules/.libs" FERRY_RPC_ADDRESS=127.0.0.1
@@ -34,6 +37,9 @@ sweep() {
             /^# OSU Ferry/ { t = f } /^# OSU MPI/ { t = m }
             /^# Ferry .* transport/ { print $NF > (f ".transport") }
             /^[0-9]/ { print $1, $2 > t }' "$out/raw"
+        # each size's Ferry/MPI ratio within this run
+        awk 'NR == FNR { f[$1] = $2; next } ($1 in f) && $2 > 0 { print $1, f[$1] / $2 }' \
+            "$out/$1.ferry.$run" "$out/$1.mpi.$run" >"$out/$1.ratio.$run"
     done
 }
 
@@ -45,8 +51,8 @@ median() { # $1 test, $2 api, $3 size
 
 for wait in ${PASSIVE_WAIT:-spin sleep}; do
 rm -f "$out"/*
-sweep put_bw "-m 65536:4194304"
-sweep get_bw "-m 65536:4194304"
+sweep put_bw "-m $min_size:4194304"
+sweep get_bw "-m $min_size:4194304"
 sweep put_latency "-m 8:8"
 sweep get_latency "-m 8:8"
 
@@ -54,12 +60,14 @@ echo "--passive-wait=$wait; Ferry transport: $(cat "$out/put_bw.ferry.1.transpor
 echo
 echo "| size | put Ferry MB/s | put MPI MB/s | Ferry/MPI | get Ferry MB/s | get MPI MB/s | Ferry/MPI |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
-size=65536
+size=$min_size
 while [ $size -le 4194304 ]; do
     pf=$(median put_bw ferry $size) pm=$(median put_bw mpi $size)
     gf=$(median get_bw ferry $size) gm=$(median get_bw mpi $size)
-    echo "$size $pf $pm $gf $gm" | awk '{ printf "| %d | %.0f | %.0f | %.2fx | %.0f | %.0f | %.2fx |\n",
-        $1, $2, $3, $2 / $3, $4, $5, $4 / $5 }'
+    pr=$(median put_bw ratio $size) gr=$(median get_bw ratio $size)
+    echo "$size $pf $pm $pr $gf $gm $gr" |
+        awk '{ printf "| %d | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx |\n",
+               $1, $2, $3, $4, $5, $6, $7 }'
     size=$((size * 2))
 done
 echo

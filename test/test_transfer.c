@@ -177,6 +177,58 @@ Test(transfer, batch_of_many_small_requests)
 }
 
 /*
+ * Runs of requests that share their target buffer and their local
+ * registration, and the places where either changes (a batch takes a run's
+ * references together, src/core/batch.c): every request's bytes arrive,
+ * also when reads and writes alternate, and a local buffer unregisters at
+ * once after the wait (no hold left behind), also after a submit refused
+ * midway through a run.
+ */
+Test(transfer, batch_of_runs_over_several_local_buffers)
+{
+    enum { N = 96, L = 300 };
+    size_t at = 2 * MIB;
+    unsigned char *whole = malloc(N * L), *other = malloc(N * L), *plain = malloc(N * L);
+    cr_assert(whole != NULL && other != NULL && plain != NULL);
+    cr_assert_eq(ferry_register(engine, other, N * L, "cpu", 0), FERRY_OK);
+    test_pattern_fill(whole, N * L, 31);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++) {
+        /* runs of 12 from local, 6 from other, 6 from unregistered memory */
+        unsigned char *base = i % 24 < 12 ? local : i % 24 < 18 ? other : plain;
+        memcpy(base + i * L, whole + i * L, L);
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = base + i * L,
+                                    .target = segment, .target_offset = peer.arena + at + i * L,
+                                    .length = L};
+    }
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %d", at, N * L));
+    reqs[N / 2 + 1].target_offset = peer.arena + 70 * MIB - 10;
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_ERR_OUT_OF_RANGE);
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %d", at, N * L), before);
+    reqs[N / 2 + 1].target_offset = peer.arena + at + (N / 2 + 1) * L;
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check %zu %d 31", at, N * L), "OK");
+
+    for (int i = 1; i < N; i += 2) {
+        reqs[i].opcode = FERRY_OP_READ;
+        memset(reqs[i].local, 0, L);
+    }
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(memcmp(reqs[i].local, whole + i * L, L), 0, "request %d", i);
+    cr_assert_eq(ferry_unregister(engine, other), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    free(whole);
+    free(other);
+    free(plain);
+}
+
+/*
  * The peer polls for the notify and, the moment it arrives, looks at its
  * memory: all of the batch's 32 MiB must be there already (a notify sent
  * when it is attached, not after the data, arrives while they are still

@@ -321,7 +321,17 @@ ferry_status_t ferry_ucx_rkey_get(ferry_ucx_ep_t *ep, const char *key,
 /* For a direct rkey, our address of the remote [remote_addr, +length), or
  * NULL when that range is not inside what UCX attached (a descriptor that
  * claims more than the key maps); caller holds ep->lock. */
-void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remote_addr, size_t length);
+void *ferry_ucx_direct_map(ferry_ucx_rkey_t *entry, uint64_t remote_addr, size_t length);
+static inline void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remote_addr,
+                                         size_t length)
+{
+    if (entry->map_hi == 0) /* first use: find the mapping */
+        return ferry_ucx_direct_map(entry, remote_addr, length);
+    uintptr_t local = (uintptr_t)remote_addr + entry->delta;
+    if (local < entry->map_lo || local >= entry->map_hi || length > entry->map_hi - local)
+        return NULL;
+    return (void *)local;
+}
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
 

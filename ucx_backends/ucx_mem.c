@@ -318,23 +318,18 @@ static int mapping_bounds(uintptr_t addr, uintptr_t *lo_p, uintptr_t *hi_p)
     return found;
 }
 
-void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *e, uint64_t remote_addr, size_t length)
+void *ferry_ucx_direct_map(ferry_ucx_rkey_t *e, uint64_t remote_addr, size_t length)
 {
-    if (e->map_hi == 0) {
-        /* First use: where UCX attached the peer's memory, and how far that
-         * mapping goes, so no descriptor can make us copy past its end. */
-        void *ptr;
-        if (ucp_rkey_ptr(e->rkey, remote_addr, &ptr) != UCS_OK ||
-            !mapping_bounds((uintptr_t)ptr, &e->map_lo, &e->map_hi)) {
-            e->map_lo = e->map_hi = 1; /* nothing fits: every range is refused */
-            return NULL;
-        }
-        e->delta = (uintptr_t)ptr - (uintptr_t)remote_addr;
-    }
-    uintptr_t local = (uintptr_t)remote_addr + e->delta;
-    if (local < e->map_lo || local >= e->map_hi || length > e->map_hi - local)
+    /* Where UCX attached the peer's memory, and how far that mapping goes,
+     * so no descriptor can make us copy past its end. */
+    void *ptr;
+    if (ucp_rkey_ptr(e->rkey, remote_addr, &ptr) != UCS_OK ||
+        !mapping_bounds((uintptr_t)ptr, &e->map_lo, &e->map_hi)) {
+        e->map_lo = e->map_hi = 1; /* nothing fits: every range is refused */
         return NULL;
-    return (void *)local;
+    }
+    e->delta = (uintptr_t)ptr - (uintptr_t)remote_addr;
+    return ferry_ucx_direct_ptr(e, remote_addr, length);
 }
 
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep)

@@ -52,11 +52,7 @@ static ferry_status_t group_result(ferry_ucx_group_t *group, ucs_status_t status
 void ferry_ucx_slices_finish(const ferry_transport_services_t *svc, ferry_slice_t *slices,
                              ferry_status_t status)
 {
-    for (ferry_slice_t *slice = slices, *next; slice != NULL; slice = next) {
-        next = slice->next;
-        slice->next = NULL;
-        svc->slice_done(slice, status);
-    }
+    ferry_transport_slices_done(svc, slices, status);
 }
 
 static void group_finish(ferry_ucx_group_t *group)
@@ -295,11 +291,16 @@ static void kick_progress(ferry_ucx_worker_t *w)
 /* ---------------- copies into attached memory ---------------- */
 
 /* Slices whose remote memory UCX attached here (a same-host peer's
- * ferry_alloc buffer), with their addresses, resolved under ep->lock and
- * copied after it: what UCX's own rkey_ptr protocol does, minus its request,
- * its worker lock and the flush. */
+ * ferry_alloc buffer): what UCX's own rkey_ptr protocol does, minus its
+ * request, its worker lock and the flush.  The first ones, up to
+ * FERRY_UCX_LOCKED_COPY_MAX bytes, are copied at once under ep->lock (which
+ * keeps the rkeys, the attachments, from a flush) and chained in `copied`;
+ * the rest are resolved under it and copied after it (copies), so that
+ * threads writing to one peer copy large runs in parallel. */
 typedef struct direct_copies {
-    size_t count, capacity, bytes;
+    ferry_slice_t *copied, **copied_tail;
+    size_t copied_bytes;
+    size_t count, capacity;
     ferry_slice_t **slices;
     ferry_copy_item_t *copies; /* copies[i] is slices[i]'s */
     ferry_slice_t *inline_slices[64];
@@ -308,10 +309,28 @@ typedef struct direct_copies {
 
 static void direct_copies_init(direct_copies_t *c)
 {
-    c->count = c->bytes = 0;
+    c->copied = NULL;
+    c->copied_tail = &c->copied;
+    c->copied_bytes = c->count = 0;
     c->capacity = FERRY_UCX_ARRAY_SIZE(c->inline_slices);
     c->slices = c->inline_slices;
     c->copies = c->inline_copies;
+}
+
+/* Copy the slice now if the bytes copied under the lock allow it (1), else
+ * leave it to direct_copies_add (0).  Caller holds ep->lock. */
+static int direct_copy_now(direct_copies_t *c, ferry_slice_t *slice, void *remote)
+{
+    if (c->count > 0 || slice->length > FERRY_UCX_LOCKED_COPY_MAX - c->copied_bytes)
+        return 0; /* from the first one left for later on, all are: in order */
+    if (slice->opcode == FERRY_OP_WRITE)
+        ferry_copy_to_peer(remote, slice->local, slice->length);
+    else
+        memcpy(slice->local, remote, slice->length);
+    c->copied_bytes += slice->length;
+    *c->copied_tail = slice;
+    c->copied_tail = &slice->next;
+    return 1;
 }
 
 static void direct_copies_release(direct_copies_t *c)
@@ -345,13 +364,12 @@ static ferry_status_t direct_copies_add(direct_copies_t *c, ferry_slice_t *slice
                                                 .src = write ? slice->local : remote,
                                                 .length = slice->length,
                                                 .to_peer = write};
-    c->bytes += slice->length;
     return FERRY_OK;
 }
 
 /* No fence after the copies: ferry_copy_to_peer ends its non-temporal
  * stores with one, and plain stores are ordered before the completion by
- * the release that publishes it (slice_done's countdown).  A large run is
+ * the release that publishes it (slices_done's countdown).  A large run is
  * shared with the copy helpers (FERRY_COPY_THREADS), which release their
  * share to us before ferry_copy_many returns. */
 static void direct_copies_run(direct_copies_t *c)
@@ -359,12 +377,13 @@ static void direct_copies_run(direct_copies_t *c)
     ferry_copy_many(c->copies, c->count);
 }
 
+/* One chain, one call: the engine settles the run's requests together. */
 static void direct_copies_finish(direct_copies_t *c, const ferry_transport_services_t *svc)
 {
-    for (size_t i = 0; i < c->count; i++) {
-        c->slices[i]->next = NULL;
-        svc->slice_done(c->slices[i], FERRY_OK);
-    }
+    *c->copied_tail = c->count > 0 ? c->slices[0] : NULL;
+    for (size_t i = 0; i < c->count; i++)
+        c->slices[i]->next = i + 1 < c->count ? c->slices[i + 1] : NULL;
+    ferry_transport_slices_done(svc, c->copied, FERRY_OK);
 }
 
 /*
@@ -488,6 +507,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
                 rest = s;
                 break;
             }
+            if (direct_copy_now(&copies, s, remote))
+                continue;
             if ((result = direct_copies_add(&copies, s, remote)) != FERRY_OK) {
                 rest = s;
                 break;
@@ -520,7 +541,8 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_ucx_eager_run_end(&eager, group);
     if (group != NULL)
         ferry_ucx_posting_end(worker);
-    if (posted == 0 && copies.count == 0) {
+    int direct = copies.copied != NULL || copies.count > 0;
+    if (posted == 0 && !direct) {
         /* Nothing went out: no slice is queued, the engine may retry. */
         ferry_lock_release(&ep->lock);
         if (group != NULL) /* its own reference keeps ep alive through this */
@@ -530,13 +552,9 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             ferry_ucx_ep_unref(ep);
         return result != FERRY_OK ? result : ferry_ucx_status(status);
     }
-    /* Small copies run under the lock, which keeps the rkeys (attachments)
-     * they use from a flush; large ones after it, so that threads writing
-     * to one peer copy in parallel, counted as outstanding instead. */
-    int copied = copies.count > 0 && copies.bytes <= FERRY_UCX_LOCKED_COPY_MAX;
-    if (copied)
-        direct_copies_run(&copies);
-    else if (copies.count > 0)
+    /* The copies left for after the lock count as outstanding meanwhile,
+     * which keeps their rkeys (attachments) from a flush. */
+    if (copies.count > 0)
         atomic_fetch_add(&ep->outstanding, 1);
     if (posted > 0) {
         if (rest != NULL) {
@@ -562,16 +580,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         }
     }
     if (copies.count > 0) {
-        if (!copied) {
-            direct_copies_run(&copies);
-            /* A group's deadline counts from the first request after an
-             * idle spell: ours kept the count up, so restart the clock. */
-            atomic_store_explicit(&ep->last_activity_ms, ferry_ucx_time_ms(),
-                                  memory_order_relaxed);
-            atomic_fetch_sub(&ep->outstanding, 1);
-        }
-        direct_copies_finish(&copies, &ucx->svc);
+        direct_copies_run(&copies);
+        /* A group's deadline counts from the first request after an
+         * idle spell: ours kept the count up, so restart the clock. */
+        atomic_store_explicit(&ep->last_activity_ms, ferry_ucx_time_ms(), memory_order_relaxed);
+        atomic_fetch_sub(&ep->outstanding, 1);
     }
+    if (direct)
+        direct_copies_finish(&copies, &ucx->svc);
     direct_copies_release(&copies);
     ferry_ucx_slices_finish(&ucx->svc, rest,
                             result != FERRY_OK   ? result

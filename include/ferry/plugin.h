@@ -216,7 +216,37 @@ typedef struct ferry_transport_services {
                                 ferry_status_t (*drain)(void *arg, const void *buffer,
                                                         size_t length),
                                 void *arg);
+    /* Initiator side: a chain of slices (linked by next) finished, all
+     * with one status: what slice_done on each would do, at the cost of
+     * one call (a request's and a batch's countdowns move once per run of
+     * their slices, not once per slice).  Each slice is in one chain or
+     * one slice_done, never both.  Use FERRY_TRANSPORT_SERVICES_HAS: an
+     * older engine's table ends before it. */
+    void (*slices_done)(ferry_slice_t *slices, ferry_status_t status);
 } ferry_transport_services_t;
+
+/* Whether the engine's services table (maybe of an older engine, hence
+ * shorter) has the member. */
+#define FERRY_TRANSPORT_SERVICES_HAS(svc, member)                                          \
+    ((svc)->size >= offsetof(ferry_transport_services_t, member) + sizeof((svc)->member) &&  \
+     (svc)->member != NULL)
+
+/* Finish a chain of slices with one status through whichever the engine
+ * offers. */
+static inline void ferry_transport_slices_done(const ferry_transport_services_t *svc,
+                                               ferry_slice_t *slices, ferry_status_t status)
+{
+    if (FERRY_TRANSPORT_SERVICES_HAS(svc, slices_done)) {
+        if (slices != NULL)
+            svc->slices_done(slices, status);
+        return;
+    }
+    for (ferry_slice_t *slice = slices, *next; slice != NULL; slice = next) {
+        next = slice->next;
+        slice->next = NULL;
+        svc->slice_done(slice, status);
+    }
+}
 
 typedef enum ferry_reach {
     FERRY_REACH_NO = 0,

@@ -14,41 +14,47 @@
 #include <time.h>
 
 typedef struct request_state {
+    /* What completion reads comes first, in one cache line; then what
+     * resolve and launch use. */
     struct ferry_batch *batch;
     atomic_size_t slices_left;
     atomic_int error;      /* first failure, 0 if none */
     atomic_int state;      /* ferry_xfer_state_t */
+    int staged;            /* see local_accel */
+    int copier;            /* counted in at segment (epoch), -1: not */
+    ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
+    ferry_segment_t *segment;
     ferry_opcode_t opcode;
+    int transport;                      /* engine transport index, -1: local copy */
     void *local;
     uint64_t remote_addr;
     size_t length;
-    ferry_segment_t *segment;
     ferry_descriptor_t *desc;           /* held while the request lives */
     uint64_t desc_version;              /* the segment's, with desc (0: none) */
     const ferry_desc_buffer_t *buffer;  /* inside desc */
-    int transport;                      /* engine transport index, -1: local copy */
     int wanted;                         /* the request's own transport, -1: none */
     int desc_transport;                 /* index in desc->transports */
-    ferry_reg_entry_t *local_entry;     /* held if the local buffer is registered */
     /* The local buffer is device memory of this vendor (NULL: host).  When
      * the transport takes host memory only, each slice goes through a
-     * staging buffer: chunks[i] is slice i's, from launch until its
-     * slice_done (or until a refused submit gives it back). */
+     * staging buffer (staged): chunks[i] is slice i's, from launch until
+     * its slice is done (or until a refused submit gives it back). */
     const ferry_accel_ops_t *local_accel;
-    int staged;
-    ferry_stage_chunk_t **chunks;
-    size_t chunks_cap;
-    int copier;                         /* counted in at segment (epoch), -1: not */
-    ferry_slice_t *slices;              /* kept across submits of this slot */
-    size_t slices_cap;
+    /* The request's slices: one_slice when it is one (a small request:
+     * the slot's own storage, no allocation), else many_slices. */
+    ferry_slice_t *slices;
+    size_t n_slices;
     /* What stays with the slot while it holds the same resolution (a
      * request submitted again, submit_again): its slices, cut for
      * local_entry's handles (slices_entry), and the transport's view of the
      * target, both made at the first launch; resolving anew clears them. */
     int slices_made;
-    size_t n_slices;
-    ferry_reg_entry_t *slices_entry;    /* compared, never dereferenced */
     int peer_made;
+    ferry_slice_t one_slice;
+    ferry_slice_t *many_slices;         /* kept across submits of this slot */
+    size_t many_cap;
+    ferry_stage_chunk_t **chunks;
+    size_t chunks_cap;
+    ferry_reg_entry_t *slices_entry;    /* compared, never dereferenced */
     ferry_peer_t peer;
 } request_state_t;
 
@@ -105,36 +111,96 @@ static unsigned batch_pending(ferry_batch_t *batch)
 static void copier_leave(request_state_t *req)
 {
     if (req->copier >= 0)
-        ferry_segment_copier_exit(req->segment, req->copier);
+        ferry_segment_copier_exit(req->segment, req->copier, 1);
     req->copier = -1;
 }
 
-static void request_finish(request_state_t *req)
+/*
+ * Requests finished by one completion call, settled together: each hold
+ * that a run of them shares (the local registry entry, the segment's
+ * copier count, the batch's pending count) is given back with one atomic
+ * for the run, not one per request.  The batch's countdown comes last: it
+ * is the finisher's last touch of the batch (a waiter that sees it reach 0
+ * may destroy it).
+ */
+typedef struct settle {
+    ferry_batch_t *batch;
+    unsigned pending;
+    ferry_reg_entry_t *entry;
+    unsigned entry_holds;
+    ferry_segment_t *segment;
+    int epoch;
+    unsigned copiers;
+} settle_t;
+
+static void settle_holds(settle_t *s)
+{
+    if (s->entry_holds > 0)
+        ferry_registry_release_n(&s->batch->engine->registry, s->entry, s->entry_holds);
+    if (s->copiers > 0)
+        ferry_segment_copier_exit(s->segment, s->epoch, s->copiers);
+    s->entry_holds = s->copiers = 0;
+}
+
+static void settle_all(settle_t *s)
+{
+    settle_holds(s);
+    if (s->pending == 0)
+        return;
+    atomic_uint *pending = &s->batch->pending;
+    unsigned n = s->pending;
+    s->pending = 0;
+    /* From here on the batch may be gone: the wake reads nothing. */
+    if (atomic_fetch_sub_explicit(pending, n, memory_order_acq_rel) == (PENDING_SLEEPER | n))
+        ferry_futex_wake(pending, INT_MAX);
+}
+
+/* The request is done: its state is published and its holds join s. */
+static inline void request_finish(request_state_t *req, settle_t *s)
 {
     ferry_batch_t *batch = req->batch;
-    int error = atomic_load(&req->error);
+    if (s->batch != batch) {
+        settle_all(s);
+        s->batch = batch;
+    }
     if (req->local_entry != NULL) {
-        ferry_registry_release(&batch->engine->registry, req->local_entry);
+        if (s->entry_holds > 0 && s->entry != req->local_entry)
+            settle_holds(s);
+        s->entry = req->local_entry;
+        s->entry_holds++;
         req->local_entry = NULL;
     }
-    copier_leave(req);
+    if (req->copier >= 0) {
+        if (s->copiers > 0 && (s->segment != req->segment || s->epoch != req->copier))
+            settle_holds(s);
+        s->segment = req->segment;
+        s->epoch = req->copier;
+        s->copiers++;
+        req->copier = -1;
+    }
+    int error = atomic_load_explicit(&req->error, memory_order_relaxed);
     /* Plain (release) stores, no locked instruction: the countdown of
-     * pending below publishes them to whoever sees it reach 0. */
+     * pending in settle_all publishes them to whoever sees it reach 0. */
     atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
                           memory_order_release);
     if (error)
         atomic_store_explicit(&batch->any_failed, 1, memory_order_release);
-    atomic_uint *pending = &batch->pending;
-    /* From here on the batch may be gone: the wake reads nothing. */
-    if (atomic_fetch_sub_explicit(pending, 1, memory_order_acq_rel) == (PENDING_SLEEPER | 1))
-        ferry_futex_wake(pending, INT_MAX);
+    s->pending++;
+}
+
+/* A request that finishes alone (a local copy, a failure in submit). */
+static void request_finish_alone(request_state_t *req)
+{
+    settle_t s = {0};
+    request_finish(req, &s);
+    settle_all(&s);
 }
 
 static void request_fail(request_state_t *req, ferry_status_t status)
 {
     int expected = 0;
     atomic_compare_exchange_strong(&req->error, &expected, (int)status);
-    request_finish(req);
+    request_finish_alone(req);
 }
 
 /* Give back the staging buffers the request holds. */
@@ -161,20 +227,38 @@ static ferry_status_t unstage_slice(request_state_t *req, ferry_slice_t *slice,
     return status;
 }
 
+void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status)
+{
+    settle_t s = {0};
+    for (ferry_slice_t *slice = slices; slice != NULL;) {
+        /* The slices of one request that follow each other in the chain
+         * count down together.  Each next is read before the request can
+         * finish: after that the slices may be reused. */
+        request_state_t *req = slice->owner;
+        unsigned done = 0;
+        do {
+            ferry_slice_t *next = slice->next; /* relinked at the next launch */
+            ferry_status_t result = req->staged ? unstage_slice(req, slice, status) : status;
+            if (result != FERRY_OK) {
+                int expected = 0;
+                atomic_compare_exchange_strong(&req->error, &expected, (int)result);
+            }
+            done++;
+            slice = next;
+        } while (slice != NULL && slice->owner == req);
+        /* Holding the last slices left, nobody else counts down: no locked
+         * instruction (a request of one slice, every slice of a run). */
+        if (atomic_load_explicit(&req->slices_left, memory_order_acquire) == done ||
+            atomic_fetch_sub(&req->slices_left, done) == done)
+            request_finish(req, &s);
+    }
+    settle_all(&s);
+}
+
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status)
 {
-    request_state_t *req = slice->owner;
-    if (req->staged)
-        status = unstage_slice(req, slice, status);
-    if (status != FERRY_OK) {
-        int expected = 0;
-        atomic_compare_exchange_strong(&req->error, &expected, (int)status);
-    }
-    /* The last slice left has no other finisher to race with: no locked
-     * instruction for a request of one slice. */
-    if (atomic_load_explicit(&req->slices_left, memory_order_acquire) == 1 ||
-        atomic_fetch_sub(&req->slices_left, 1) == 1)
-        request_finish(req);
+    slice->next = NULL;
+    ferry_batch_slices_done(slice, status);
 }
 
 /* Find the target buffer and a transport in desc; FERRY_ERR_OUT_OF_RANGE if
@@ -232,6 +316,46 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_state_t *req)
     return FERRY_OK;
 }
 
+/*
+ * The references a submit's requests take on what they share with the
+ * request before them (its descriptor, its local registry entry), owed
+ * while resolving and taken with one atomic per run of requests that share
+ * them.  The first of a run holds a real reference meanwhile, so what is
+ * owed cannot go before it is taken; owed_take runs before anything could
+ * drop a reference (a refresh, an error's cleanup) and before launch.
+ */
+typedef struct owed {
+    ferry_descriptor_t *desc;
+    unsigned desc_refs;
+    ferry_reg_entry_t *entry;
+    unsigned entry_holds;
+} owed_t;
+
+static void owed_take(owed_t *owed)
+{
+    if (owed->desc_refs > 0) /* the run's first request holds it */
+        ferry_descriptor_ref_n(owed->desc, owed->desc_refs);
+    if (owed->entry_holds > 0)
+        ferry_reg_entry_hold_more(owed->entry, owed->entry_holds);
+    owed->desc_refs = owed->entry_holds = 0;
+}
+
+static void owe_desc(owed_t *owed, ferry_descriptor_t *desc)
+{
+    if (owed->desc_refs > 0 && owed->desc != desc)
+        owed_take(owed);
+    owed->desc = desc;
+    owed->desc_refs++;
+}
+
+static void owe_entry(owed_t *owed, ferry_reg_entry_t *entry)
+{
+    if (owed->entry_holds > 0 && owed->entry != entry)
+        owed_take(owed);
+    owed->entry = entry;
+    owed->entry_holds++;
+}
+
 /* Re-read the segment's descriptor (refreshing it once) and resolve again. */
 static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t *req)
 {
@@ -246,19 +370,41 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
     return status == FERRY_OK ? resolve_in(engine, req) : status;
 }
 
-/* The local buffer's registry entry: the previous request's (its reference
- * keeps the entry alive) or the batch's last one (see kept_entry) when it
- * holds this range too, so a ping-pong's every write needs no lookup and no
- * lock; else a lookup. */
-static ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
-                                      const request_state_t *prev)
+/* Whether [addr, +length) lies inside [start, +size). */
+static int range_within(uint64_t addr, uint64_t length, uint64_t start, uint64_t size)
 {
-    ferry_reg_entry_t *entry = prev ? prev->local_entry : req->batch->kept_entry;
+    return addr >= start && length <= size && addr - start <= size - length;
+}
+
+/* The local buffer's registry entry when the previous request's does not
+ * hold it: the batch's last one (see kept_entry) if it does, so that a
+ * ping-pong's every write needs no lookup and no lock; else a lookup. */
+static ferry_reg_entry_t *local_entry_found(ferry_engine_t *engine, const request_state_t *req)
+{
     uintptr_t addr = (uintptr_t)req->local;
-    if (entry != NULL && addr >= entry->addr && req->length <= entry->length &&
-        addr - entry->addr <= entry->length - req->length && ferry_reg_entry_hold(entry))
+    ferry_reg_entry_t *entry = req->batch->kept_entry;
+    if (entry != NULL && range_within(addr, req->length, entry->addr, entry->length) &&
+        ferry_reg_entry_hold(entry))
         return entry;
     return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
+}
+
+/* The local buffer's registry entry: the previous request's when it holds
+ * this range too (its hold keeps the entry alive; ours is owed), so that a
+ * run of requests from one buffer needs no lookup, no lock and no atomic
+ * each. */
+static inline ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const request_state_t *req,
+                                             const request_state_t *prev, owed_t *owed)
+{
+    ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
+    /* As ferry_reg_entry_hold: no new hold once unregister began. */
+    if (entry != NULL &&
+        range_within((uintptr_t)req->local, req->length, entry->addr, entry->length) &&
+        !(atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)) {
+        owe_entry(owed, entry);
+        return entry;
+    }
+    return local_entry_found(engine, req);
 }
 
 /* The vendor of the local buffer's device memory, NULL for host memory:
@@ -272,24 +418,38 @@ static const ferry_accel_ops_t *local_memory(const ferry_engine_t *engine,
     return engine->n_accel ? ferry_engine_accel_query(engine, req->local, &range) : NULL;
 }
 
-/* prev: the request resolved just before in the same submit, or NULL. */
+/* The previous request's resolution holds for this one too (same
+ * descriptor, operation and choice of transport, a range inside the same
+ * buffer): no search, no selection. */
+static int resolve_as_prev(request_state_t *req, const request_state_t *prev)
+{
+    if (prev == NULL || prev->desc != req->desc || prev->buffer == NULL ||
+        prev->opcode != req->opcode || prev->wanted != req->wanted ||
+        !range_within(req->remote_addr, req->length, prev->buffer->addr, prev->buffer->length))
+        return 0;
+    req->buffer = prev->buffer;
+    req->transport = prev->transport;
+    req->desc_transport = prev->desc_transport;
+    return 1;
+}
+
+/* prev: the request resolved just before in the same submit, or NULL;
+ * same_target: in names prev's segment handle again. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
-                              request_state_t *req, const request_state_t *prev)
+                              request_state_t *req, const request_state_t *prev,
+                              int same_target, owed_t *owed)
 {
     ferry_engine_t *engine = batch->engine;
     /* Field by field (the rest are set below before use), not a memset: a
      * rep stos of the whole state costs more than a small request's resolve
-     * otherwise does.  slices and slices_cap stay: they are the slot's. */
+     * otherwise does.  many_slices and chunks stay: they are the slot's. */
     req->batch = batch;
     atomic_init(&req->slices_left, 0);
     atomic_init(&req->error, 0);
     atomic_init(&req->state, FERRY_XFER_WAITING);
-    req->desc = NULL;
+    req->desc = NULL; /* with local_entry: what requests_release reads */
     req->desc_version = 0;
-    req->buffer = NULL;
-    req->transport = req->desc_transport = 0;
     req->local_entry = NULL;
-    req->local_accel = NULL;
     req->staged = 0;
     req->copier = -1;
     req->slices_made = req->peer_made = 0;
@@ -298,8 +458,11 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
         ferry_error("request: bad opcode, NULL local buffer, zero length or wrap-around");
         return FERRY_ERR_INVALID_PARAM;
     }
-    req->segment = ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
-                                       engine);
+    /* The handle prev's lookup validated, named again: the same segment. */
+    req->segment = same_target && prev != NULL
+                       ? prev->segment
+                       : ferry_handle_lookup((uint64_t)(uintptr_t)in->target,
+                                             FERRY_HANDLE_SEGMENT, engine);
     if (req->segment == NULL)
         return FERRY_ERR_INVALID_HANDLE;
     req->opcode = in->opcode;
@@ -312,13 +475,15 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
         return FERRY_ERR_UNSUPPORTED;
     }
     /* One submit sees one descriptor per segment: a run of requests to one
-     * segment shares the first one's (no segment lock per request), and the
-     * first one takes the previous round's if the segment still shows it
-     * (no lock, no reference counting: a ping-pong's every write). */
+     * segment shares the first one's (no segment lock per request, one
+     * reference count for the run), and the first one takes the previous
+     * round's if the segment still shows it (no lock, no reference
+     * counting: a ping-pong's every write). */
     ferry_status_t status = FERRY_OK;
     if (prev != NULL && prev->segment == req->segment && prev->desc != NULL) {
-        req->desc = ferry_descriptor_ref(prev->desc);
+        req->desc = prev->desc;
         req->desc_version = prev->desc_version;
+        owe_desc(owed, req->desc);
     } else if (prev == NULL && batch->kept_desc != NULL && batch->kept_segment == req->segment &&
                ferry_segment_still_current(req->segment, batch->kept_version)) {
         req->desc = batch->kept_desc;
@@ -330,27 +495,43 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     }
     if (status != FERRY_OK)
         return status;
-    status = resolve_in(engine, req);
-    if (status == FERRY_ERR_OUT_OF_RANGE)
+    if (!resolve_as_prev(req, prev))
+        status = resolve_in(engine, req);
+    if (status == FERRY_ERR_OUT_OF_RANGE) {
+        owed_take(owed); /* the refresh drops this request's reference */
         status = resolve_refreshed(engine, req);
+    }
     if (status == FERRY_ERR_OUT_OF_RANGE)
         ferry_error("segment \"%s\" has no buffer holding [0x%llx, +%zu)", req->segment->name,
                     (unsigned long long)req->remote_addr, req->length);
-    if (status == FERRY_OK && (req->local_entry = local_entry(engine, req, prev)) != NULL)
+    if (status == FERRY_OK && (req->local_entry = local_entry(engine, req, prev, owed)) != NULL)
         batch->kept_entry = req->local_entry;
     if (status == FERRY_OK)
         req->local_accel = local_memory(engine, req);
     return status;
 }
 
-static void request_release(ferry_engine_t *engine, request_state_t *req)
+/* Drop the references of count requests, one atomic per run of requests
+ * that share a descriptor. */
+static void requests_release(ferry_engine_t *engine, request_state_t *reqs, size_t count)
 {
-    if (req->local_entry)
-        ferry_registry_release(&engine->registry, req->local_entry);
-    if (req->desc)
-        ferry_descriptor_unref(req->desc);
-    req->local_entry = NULL;
-    req->desc = NULL;
+    ferry_descriptor_t *desc = NULL;
+    unsigned refs = 0;
+    for (size_t i = 0; i <= count; i++) {
+        ferry_descriptor_t *next = i < count ? reqs[i].desc : NULL;
+        if (next != desc && refs > 0) {
+            ferry_descriptor_unref_n(desc, refs);
+            refs = 0;
+        }
+        if (i == count)
+            break;
+        desc = next;
+        refs += next != NULL;
+        if (reqs[i].local_entry)
+            ferry_registry_release(&engine->registry, reqs[i].local_entry);
+        reqs[i].local_entry = NULL;
+        reqs[i].desc = NULL;
+    }
 }
 
 /* Our own segment: a bounds-checked copy, done now. */
@@ -376,24 +557,24 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
         ferry_engine_access_release(engine, token);
     }
     if (status == FERRY_OK)
-        request_finish(req);
+        request_finish_alone(req);
     else
         request_fail(req, status);
 }
 
-/* A one-sided transport copies with no check by the target: the request
- * counts among its segment's copiers, so that an invalidation by the owner
- * waits for it, and goes out only while the descriptor it was resolved with
- * is still the segment's (FERRY_ERR_STALE: resolve again). */
-static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *req)
+/* A one-sided transport copies with no check by the target: the requests
+ * count among their segment's copiers, so that an invalidation by the
+ * owner waits for them, and go out only while the descriptor they were
+ * resolved with is still the segment's (FERRY_ERR_STALE: resolve again,
+ * nothing counted).  n requests of one route (same_route): one count. */
+static ferry_status_t copier_enter(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
-    if (!engine->transports[req->transport].one_sided)
+    if (!engine->transports[reqs->transport].one_sided)
         return FERRY_OK;
-    return ferry_segment_copier_enter(req->segment, req->desc_version, &req->copier);
+    return ferry_segment_copier_enter(reqs->segment, reqs->desc_version, (unsigned)n,
+                                      &reqs->copier); /* the others' set by the caller */
 }
 
-/* Cut the request into its transport's slices, linked by next (again only
- * the links, when they were cut for this resolution and local entry). */
 /* Whether the request's local buffer is device memory its transport does
  * not take (it is staged). */
 static int needs_staging(const ferry_engine_t *engine, const request_state_t *req)
@@ -423,9 +604,38 @@ static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, 
     return FERRY_OK;
 }
 
-static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
+static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t *req);
+
+/* Cut the request into its transport's slices, linked by next (again only
+ * the links, when they were cut for this resolution and local entry). */
+static inline ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req)
 {
     req->staged = needs_staging(engine, req);
+    size_t slice_size = engine->transports[req->transport].slice_size;
+    if (!req->staged && (slice_size == 0 || slice_size >= req->length) && !req->slices_made) {
+        /* The common small request: its one slice is the slot's own. */
+        ferry_slice_t *slice = &req->one_slice;
+        slice->opcode = req->opcode;
+        slice->local = req->local;
+        slice->remote_addr = req->remote_addr;
+        slice->length = req->length;
+        slice->remote_key = req->buffer->keys[req->desc_transport];
+        slice->local_memh = req->local_entry ? req->local_entry->memh[req->transport] : NULL;
+        slice->local_device = req->local_accel != NULL;
+        slice->owner = req;
+        slice->next = NULL;
+        req->slices = slice;
+        req->n_slices = 1;
+        req->slices_entry = req->local_entry;
+        req->slices_made = 1;
+        atomic_store_explicit(&req->slices_left, 1, memory_order_release);
+        return FERRY_OK;
+    }
+    return prepare_slices_cut(engine, req);
+}
+
+static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t *req)
+{
     if (req->slices_made && req->slices_entry == req->local_entry) {
         for (size_t i = 0; i < req->n_slices; i++)
             req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
@@ -438,13 +648,14 @@ static ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *re
     if (slice_size == 0 || slice_size > req->length)
         slice_size = req->length;
     size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
-    if (count > req->slices_cap) {
-        ferry_slice_t *grown = realloc(req->slices, count * sizeof(*grown));
+    if (count > 1 && count > req->many_cap) {
+        ferry_slice_t *grown = realloc(req->many_slices, count * sizeof(*grown));
         if (grown == NULL)
             return FERRY_ERR_NO_MEMORY;
-        req->slices = grown;
-        req->slices_cap = count;
+        req->many_slices = grown;
+        req->many_cap = count;
     }
+    req->slices = count == 1 ? &req->one_slice : req->many_slices;
     if (req->staged && count > req->chunks_cap) {
         ferry_stage_chunk_t **grown = realloc(req->chunks, count * sizeof(*grown));
         if (grown == NULL)
@@ -507,27 +718,28 @@ static ferry_status_t submit_slices(ferry_engine_t *engine, request_state_t *fir
 static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
     ferry_slice_t **tail = NULL;
-    ferry_status_t status = FERRY_OK;
-    size_t counted = 0;
-    for (; counted < n && status == FERRY_OK; counted++)
-        status = copier_enter(engine, &reqs[counted]);
+    ferry_status_t status = copier_enter(engine, reqs, n);
     if (status != FERRY_OK)
-        counted--; /* the one that failed counted nothing */
+        return status; /* nothing counted */
     for (size_t i = 0; i < n && status == FERRY_OK; i++) {
+        reqs[i].copier = reqs->copier;
+        atomic_store_explicit(&reqs[i].state, FERRY_XFER_PENDING, memory_order_release);
         status = prepare_slices(engine, &reqs[i]);
         if (status != FERRY_OK)
             break;
         if (tail != NULL)
             *tail = reqs[i].slices;
-        tail = &reqs[i].slices[atomic_load(&reqs[i].slices_left) - 1].next;
+        tail = &reqs[i].slices[reqs[i].n_slices - 1].next;
     }
     if (status == FERRY_OK)
         status = submit_slices(engine, &reqs[0]);
     if (status != FERRY_OK) {
-        for (size_t i = 0; i < counted; i++)
-            copier_leave(&reqs[i]);
-        for (size_t i = 0; i < n; i++)
+        if (reqs->copier >= 0)
+            ferry_segment_copier_exit(reqs->segment, reqs->copier, (unsigned)n);
+        for (size_t i = 0; i < n; i++) {
+            reqs[i].copier = -1;
             unstage(engine, &reqs[i]);
+        }
     }
     return status;
 }
@@ -538,11 +750,11 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
  * nothing counted. */
 static ferry_status_t send_request(ferry_engine_t *engine, request_state_t *req)
 {
-    ferry_status_t status = copier_enter(engine, req);
+    ferry_status_t status = copier_enter(engine, req, 1);
     for (int tries = 0; status == FERRY_ERR_STALE && tries < 3; tries++) {
         status = resolve_refreshed(engine, req);
         if (status == FERRY_OK)
-            status = copier_enter(engine, req);
+            status = copier_enter(engine, req, 1);
     }
     if (status != FERRY_OK)
         return status;
@@ -613,8 +825,6 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
  * refresh-and-retry). */
 static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        atomic_store_explicit(&reqs[i].state, FERRY_XFER_PENDING, memory_order_release);
     if (submit_run(engine, reqs, n) == FERRY_OK)
         return; /* the slices are the transport's now: reqs may finish any time */
     for (size_t i = 0; i < n; i++) {
@@ -631,10 +841,13 @@ static void launch_run(ferry_engine_t *engine, request_state_t *reqs, size_t n)
     }
 }
 
+/* Requests that go to the transport in one submit, counted in as copiers
+ * of their segment at once. */
 static int same_route(const request_state_t *a, const request_state_t *b)
 {
     return a->transport >= 0 && a->transport == b->transport && a->desc == b->desc &&
-           a->desc_transport == b->desc_transport;
+           a->desc_transport == b->desc_transport && a->segment == b->segment &&
+           a->desc_version == b->desc_version;
 }
 
 static void launch_all(ferry_engine_t *engine, request_state_t *reqs, size_t count)
@@ -708,7 +921,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
         return 0;
     /* A completed round left no error, no failure flag and no entry held. */
     ferry_engine_t *engine = batch->engine;
-    if ((req->local_entry = local_entry(engine, req, NULL)) != NULL)
+    if ((req->local_entry = local_entry(engine, req, NULL, NULL)) != NULL) /* owes nothing */
         batch->kept_entry = req->local_entry;
     req->local_accel = local_memory(engine, req);
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
@@ -740,8 +953,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
             batch->kept_version = last->desc_version;
             last->desc = NULL;
         }
-        for (size_t i = 0; i < batch->used; i++)
-            request_release(engine, &batch->requests[i]);
+        requests_release(engine, batch->requests, batch->used);
         batch->used = 0;
         if (atomic_load_explicit(&batch->any_failed, memory_order_relaxed)) /* no xchg each time */
             atomic_store_explicit(&batch->any_failed, 0, memory_order_relaxed);
@@ -754,14 +966,17 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         goto out_unlock;
     }
     request_state_t *reqs = &batch->requests[batch->used];
+    owed_t owed = {0};
     for (size_t i = 0; i < count; i++) {
-        status = resolve(batch, &requests[i], &reqs[i], i > 0 ? &reqs[i - 1] : NULL);
+        status = resolve(batch, &requests[i], &reqs[i], i > 0 ? &reqs[i - 1] : NULL,
+                         i > 0 && requests[i].target == requests[i - 1].target, &owed);
         if (status != FERRY_OK) {
-            for (size_t j = 0; j <= i; j++)
-                request_release(engine, &reqs[j]);
+            owed_take(&owed);
+            requests_release(engine, reqs, i + 1);
             goto out_unlock;
         }
     }
+    owed_take(&owed);
     /* Nothing in flight means nobody else moves the count: no locked add. */
     if (batch->used == 0)
         atomic_store_explicit(&batch->pending, count, memory_order_release);
@@ -929,10 +1144,9 @@ ferry_status_t ferry_batch_notify(ferry_batch_h handle, ferry_segment_h segment_
 static void batch_free(ferry_batch_t *batch)
 {
     ferry_handle_free(batch->handle);
-    for (size_t i = 0; i < batch->used; i++)
-        request_release(batch->engine, &batch->requests[i]);
+    requests_release(batch->engine, batch->requests, batch->used);
     for (size_t i = 0; i < batch->max; i++) {
-        free(batch->requests[i].slices);
+        free(batch->requests[i].many_slices);
         free(batch->requests[i].chunks);
     }
     if (batch->notify_desc)

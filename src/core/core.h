@@ -62,6 +62,13 @@ typedef struct ferry_reg_entry {
 #define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
 #define FERRY_REG_DYING 0x80000000u
 
+/* n more holds on an entry the caller holds already (so it cannot go
+ * meanwhile): the holds of a run of requests on one buffer, taken at once. */
+static inline void ferry_reg_entry_hold_more(ferry_reg_entry_t *entry, unsigned n)
+{
+    atomic_fetch_add_explicit(&entry->holds, n, memory_order_relaxed);
+}
+
 /* Take a hold on an entry found without the registry lock (a batch's kept
  * entry): 0 if it is dying. */
 static inline int ferry_reg_entry_hold(ferry_reg_entry_t *entry)
@@ -104,6 +111,9 @@ void ferry_registry_drain(ferry_registry_t *registry, ferry_reg_entry_t *entry);
 ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t addr,
                                           size_t length, unsigned need);
 void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry);
+/* Give back that many holds at once (a run of requests on one buffer). */
+void ferry_registry_release_n(ferry_registry_t *registry, ferry_reg_entry_t *entry,
+                              unsigned holds);
 /* In address order; the caller holds the lock (read) throughout.  The
  * stack bounds an AVL tree's height for any count that fits in memory. */
 typedef struct ferry_registry_iter {
@@ -209,6 +219,10 @@ typedef enum ferry_desc_form {
 ferry_descriptor_t *ferry_descriptor_new(void);
 ferry_descriptor_t *ferry_descriptor_ref(ferry_descriptor_t *desc);
 void ferry_descriptor_unref(ferry_descriptor_t *desc);
+/* n references at once (a run of requests sharing one descriptor): take
+ * them while holding one, drop them as one step (frees on the last). */
+void ferry_descriptor_ref_n(ferry_descriptor_t *desc, unsigned n);
+void ferry_descriptor_unref_n(ferry_descriptor_t *desc, unsigned n);
 /* JSON text, malloc-ed. */
 ferry_status_t ferry_descriptor_encode(const ferry_descriptor_t *desc, char **json_p);
 /* Either form, malloc-ed and NUL-terminated; *length_p (may be NULL) its length. */
@@ -381,13 +395,14 @@ ferry_status_t ferry_segment_cache_refresh(ferry_engine_t *engine, const char *n
  * drain_ms; 0: no wait), FERRY_ERR_TIMEOUT if some did not. */
 ferry_status_t ferry_segment_cache_invalidate(ferry_engine_t *engine, const char *name,
                                               uint64_t generation, unsigned drain_ms);
-/* segment_copiers.c.  Before a one-sided transport copies for a request
- * resolved at version: count it in (*epoch_p) unless the segment changed
- * since (FERRY_ERR_STALE, nothing counted: resolve again). */
+/* segment_copiers.c.  Before a one-sided transport copies for requests
+ * resolved at version: count that many copies in (*epoch_p) unless the
+ * segment changed since (FERRY_ERR_STALE, nothing counted: resolve again). */
 ferry_status_t ferry_segment_copier_enter(ferry_segment_t *segment, uint64_t version,
-                                          int *epoch_p);
-/* The request counted in at epoch ended: its last touch of the segment. */
-void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch);
+                                          unsigned copies, int *epoch_p);
+/* That many requests counted in at epoch ended: their last touch of the
+ * segment. */
+void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned copies);
 /* Wait for the copies counted in before this call (after a change of the
  * segment's version); FERRY_ERR_TIMEOUT when some still run at the bound. */
 ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
@@ -639,6 +654,8 @@ void ferry_engine_forget_peer(ferry_engine_t *engine, const ferry_descriptor_t *
 /* The peer unregistered memory: transports drop their per-buffer caches. */
 void ferry_engine_peer_changed(ferry_engine_t *engine, const ferry_descriptor_t *desc);
 void ferry_batch_slice_done(ferry_slice_t *slice, ferry_status_t status);
+/* A chain of slices (linked by next) finished with one status. */
+void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status);
 /* Before the transports go: what they keep for each batch goes back. */
 void ferry_batch_release_peer_caches(ferry_engine_t *engine);
 void ferry_batch_free_all(ferry_engine_t *engine);

@@ -103,13 +103,24 @@ static void descriptor_free(ferry_descriptor_t *desc)
     free(desc);
 }
 
-void ferry_descriptor_unref(ferry_descriptor_t *desc)
+void ferry_descriptor_ref_n(ferry_descriptor_t *desc, unsigned n)
 {
-    if (desc == NULL)
+    /* relaxed, as ferry_descriptor_ref: the caller holds one already */
+    atomic_fetch_add_explicit(&desc->refs, n, memory_order_relaxed);
+}
+
+void ferry_descriptor_unref_n(ferry_descriptor_t *desc, unsigned n)
+{
+    if (desc == NULL || n == 0)
         return;
     /* acq_rel: the last holder must see every write made through other refs */
-    if (atomic_fetch_sub_explicit(&desc->refs, 1, memory_order_acq_rel) == 1)
+    if (atomic_fetch_sub_explicit(&desc->refs, n, memory_order_acq_rel) == n)
         descriptor_free(desc);
+}
+
+void ferry_descriptor_unref(ferry_descriptor_t *desc)
+{
+    ferry_descriptor_unref_n(desc, 1);
 }
 
 /* ---------------- finish, find ---------------- */

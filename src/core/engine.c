@@ -419,6 +419,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         .access_acquire = ferry_engine_access_acquire,
         .access_release = ferry_engine_access_release,
         .slice_done = ferry_batch_slice_done,
+        .slices_done = ferry_batch_slices_done,
         .peer_seen = ferry_engine_peer_seen,
         .notify_deliver = ferry_engine_notify_deliver,
         .access_is_device = ferry_engine_access_is_device,

@@ -273,12 +273,18 @@ ferry_reg_entry_t *ferry_registry_acquire(ferry_registry_t *registry, uintptr_t 
     return entry;
 }
 
-void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry)
+void ferry_registry_release_n(ferry_registry_t *registry, ferry_reg_entry_t *entry,
+                              unsigned holds)
 {
     /* From here on the entry may be gone. */
-    if (atomic_fetch_sub(&entry->holds, 1) == (FERRY_REG_DYING | 1)) {
+    if (atomic_fetch_sub(&entry->holds, holds) == (FERRY_REG_DYING | holds)) {
         pthread_mutex_lock(&registry->drain_lock);
         pthread_cond_broadcast(&registry->drained);
         pthread_mutex_unlock(&registry->drain_lock);
     }
+}
+
+void ferry_registry_release(ferry_registry_t *registry, ferry_reg_entry_t *entry)
+{
+    ferry_registry_release_n(registry, entry, 1);
 }

@@ -8,6 +8,7 @@
  * counted in after it sees the change and resolves anew.
  *
  *   enter:      count in (RMW, seq_cst), then read the segment's version
+ *               (a run of requests to one segment counts in at once)
  *   invalidate: change the version (seq_cst store), then read the counts
  * Either the entering copy sees the new version, or the invalidation sees
  * the copy's count: never neither.
@@ -29,22 +30,23 @@
 #define COPIERS_COUNT(word) ((word) & ~COPIERS_SLEEPER)
 
 ferry_status_t ferry_segment_copier_enter(ferry_segment_t *segment, uint64_t version,
-                                          int *epoch_p)
+                                          unsigned copies, int *epoch_p)
 {
     int epoch = atomic_load_explicit(&segment->copier_epoch, memory_order_relaxed) & 1;
-    atomic_fetch_add_explicit(&segment->copiers[epoch], 1, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&segment->copiers[epoch], copies, memory_order_seq_cst);
     if (version != 0 && atomic_load_explicit(&segment->version, memory_order_seq_cst) == version) {
         *epoch_p = epoch;
         return FERRY_OK;
     }
-    ferry_segment_copier_exit(segment, epoch);
+    ferry_segment_copier_exit(segment, epoch, copies);
     return FERRY_ERR_STALE;
 }
 
-void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch)
+void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned copies)
 {
     atomic_uint *count = &segment->copiers[epoch];
-    if (atomic_fetch_sub_explicit(count, 1, memory_order_release) == (COPIERS_SLEEPER | 1))
+    if (atomic_fetch_sub_explicit(count, copies, memory_order_release) ==
+        (COPIERS_SLEEPER | copies))
         ferry_futex_wake(count, INT_MAX);
 }
 

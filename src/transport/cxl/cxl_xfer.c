@@ -123,11 +123,19 @@ ferry_status_t ferry_cxl_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_status_t first = copy_slice(cxl, peer, slices);
     if (first != FERRY_OK)
         return first;
-    for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
-        next = s->next;
+    /* The slices finish in runs of one result, a call per run (one, as a
+     * rule): the engine settles a run's requests together. */
+    ferry_slice_t *run = slices, *last = NULL;
+    ferry_status_t run_status = FERRY_OK;
+    for (ferry_slice_t *s = slices; s != NULL; last = s, s = s->next) {
         ferry_status_t status = s == slices ? FERRY_OK : copy_slice(cxl, peer, s);
-        s->next = NULL;
-        cxl->svc.slice_done(s, status);
+        if (status != run_status) {
+            last->next = NULL;
+            ferry_transport_slices_done(&cxl->svc, run, run_status);
+            run = s;
+            run_status = status;
+        }
     }
+    ferry_transport_slices_done(&cxl->svc, run, run_status);
     return FERRY_OK;
 }
