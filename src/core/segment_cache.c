@@ -177,8 +177,9 @@ static ferry_status_t merge_records(char **records, size_t count, uint64_t gener
  * Refresh of a descriptor we hold through a shared store's change records
  * (plugin.h, fetch_changes): one request for the records since our
  * revision, applied like the owner's changes.  FERRY_ERR_UNSUPPORTED: not
- * possible (an older plugin, no revision, a record missing, another
- * generation): the caller fetches whole.
+ * possible (an older plugin, no revision, another generation, a record
+ * missing or unusable: then *missing_p, and the owner's RPC can fill the
+ * gap).
  */
 static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
                                     const ferry_descriptor_t *held, ferry_descriptor_t **desc_p,
@@ -209,9 +210,10 @@ static ferry_status_t store_changes(ferry_engine_t *engine, const char *name,
     } else if (status == FERRY_OK) {
         status = merge_records(records, count, generation, held->revision, held->n_transports,
                                &merged);
-        *missing_p = status == FERRY_ERR_UNSUPPORTED;
         if (status == FERRY_OK)
             status = ferry_descriptor_apply(held, &merged, desc_p);
+        /* present but of no use (another step, garbage): the owner knows */
+        *missing_p = status == FERRY_ERR_UNSUPPORTED || status == FERRY_ERR_DECODE;
         ferry_desc_changes_fini(&merged);
     }
     for (size_t i = 0; i < count; i++)
