@@ -23,7 +23,6 @@
  * (old records), PEXPIRE, then the SET of the descriptor.
  */
 #include "../keys.h"
-#include "../md_records.h"
 #include "redis.h"
 
 #include <inttypes.h>
@@ -307,87 +306,6 @@ static ferry_status_t pipeline(redis_store_t *store, size_t n, const int *argcs,
     }
 }
 
-static char *log_key(const char *key)
-{
-    return ferry_md_strcat3(key, "/changes/log", "");
-}
-
-/* Up to 5 commands: DEL, ZADD, ZREMRANGEBYSCORE, PEXPIRE of the log, SET. */
-typedef struct redis_write {
-    size_t n;
-    int argcs[5];
-    const char **argvs[5];
-    size_t *lengths[5];
-    const char *del[2], *prune[4], *expire[3];
-    const char **zadd;           /* malloc-ed */
-    char (*scores)[24];          /* the records' revisions, malloc-ed */
-    char *log;
-    char newest[24], prune_below[24], head[64];
-} redis_write_t;
-
-static int write_add(redis_write_t *w, int argc, const char **argv)
-{
-    size_t *lengths = malloc((size_t)argc * sizeof(*lengths));
-    if (lengths == NULL)
-        return 0;
-    for (int i = 0; i < argc; i++)
-        lengths[i] = strlen(argv[i]);
-    w->argcs[w->n] = argc;
-    w->argvs[w->n] = argv;
-    w->lengths[w->n++] = lengths;
-    return 1;
-}
-
-static void write_fini(redis_write_t *w)
-{
-    for (size_t i = 0; i < w->n; i++)
-        free(w->lengths[i]);
-    free(w->zadd);
-    free(w->scores);
-    free(w->log);
-}
-
-/* The change log's part of a write of batch: restart, records and head,
- * pruning, expiry. */
-static int write_changes(redis_write_t *w, const char *key, const char *ttl,
-                         const ferry_md_records_batch_t *batch)
-{
-    size_t argc = 2 + 2 * (batch->n_records + 1);
-    w->log = log_key(key);
-    w->zadd = malloc(argc * sizeof(*w->zadd));
-    w->scores = malloc((batch->n_records + 1) * sizeof(*w->scores));
-    if (w->log == NULL || w->zadd == NULL || w->scores == NULL)
-        return 0;
-    w->del[0] = "DEL";
-    w->del[1] = w->log;
-    if (batch->restart && !write_add(w, 2, w->del))
-        return 0;
-    w->zadd[0] = "ZADD";
-    w->zadd[1] = w->log;
-    for (size_t i = 0; i < batch->n_records; i++) {
-        snprintf(w->scores[i], sizeof(w->scores[i]), "%" PRIu64, batch->records[i].revision);
-        w->zadd[2 + 2 * i] = w->scores[i];
-        w->zadd[3 + 2 * i] = batch->records[i].text;
-    }
-    snprintf(w->newest, sizeof(w->newest), "%" PRIu64, batch->newest);
-    snprintf(w->head, sizeof(w->head), FERRY_REDIS_HEAD "%" PRIx64, batch->generation);
-    w->zadd[argc - 2] = w->newest;
-    w->zadd[argc - 1] = w->head;
-    if (!write_add(w, (int)argc, w->zadd))
-        return 0;
-    snprintf(w->prune_below, sizeof(w->prune_below), "(%" PRIu64, batch->prune_below);
-    w->prune[0] = "ZREMRANGEBYSCORE";
-    w->prune[1] = w->log;
-    w->prune[2] = "-inf";
-    w->prune[3] = w->prune_below;
-    if (batch->prune_below != 0 && !write_add(w, 4, w->prune))
-        return 0;
-    w->expire[0] = "PEXPIRE";
-    w->expire[1] = w->log;
-    w->expire[2] = ttl;
-    return write_add(w, 3, w->expire);
-}
-
 /* The change records waiting, then the descriptor (set: its SET's argv,
  * whose reply goes to *set_reply_p), or the records alone (set NULL).
  * FERRY_OK when redis answered (and, records alone, took them); *reached_p
@@ -398,12 +316,12 @@ static ferry_status_t write_with_changes(redis_store_t *store, const char *key, 
 {
     ferry_md_records_batch_t batch;
     int changes = ferry_md_records_take(&store->records, &batch);
-    redis_write_t w = {0};
+    ferry_redis_write_t w = {0};
     redisReply *replies[5] = {0};
     ferry_status_t status = changes < 0 ? FERRY_ERR_NO_MEMORY : FERRY_OK;
-    if (changes > 0 && !write_changes(&w, key, ttl, &batch))
+    if (changes > 0 && !ferry_redis_write_changes(&w, key, ttl, &batch))
         status = FERRY_ERR_NO_MEMORY;
-    if (status == FERRY_OK && set != NULL && !write_add(&w, 5, set))
+    if (status == FERRY_OK && set != NULL && !ferry_redis_write_add(&w, 5, set))
         status = FERRY_ERR_NO_MEMORY;
     if (status == FERRY_ERR_NO_MEMORY)
         snprintf(why, whylen, "out of memory");
@@ -440,7 +358,7 @@ static ferry_status_t write_with_changes(redis_store_t *store, const char *key, 
                (set == NULL || ferry_redis_reply_ok(*set_reply_p, why, whylen))) {
         ferry_md_records_written(&store->records, &batch);
     }
-    write_fini(&w);
+    ferry_redis_write_fini(&w);
     if (changes > 0)
         ferry_md_records_batch_fini(&batch);
     return status;
@@ -574,7 +492,7 @@ static ferry_status_t redis_fetch_changes(void *ctx, const char *name, uint64_t 
     if (status != FERRY_OK)
         return status;
     char **records = calloc(FETCH_MAX, sizeof(*records));
-    if (records == NULL || (log = log_key(key)) == NULL) {
+    if (records == NULL || (log = ferry_redis_log_key(key)) == NULL) {
         free(records);
         free(key);
         return FERRY_ERR_NO_MEMORY;
@@ -614,7 +532,7 @@ static ferry_status_t redis_remove(void *ctx, const char *name)
     ferry_status_t status = ferry_md_key(&store->keys, name, &key);
     if (status != FERRY_OK)
         return status;
-    char *log = log_key(key);
+    char *log = ferry_redis_log_key(key);
     const char *argv[] = {"DEL", key, log};
     size_t lengths[] = {3, strlen(key), log ? strlen(log) : 0};
     redisReply *reply = NULL;
@@ -644,7 +562,7 @@ static int renew(redis_store_t *store)
     if (ferry_md_key(&store->keys, name, &key) == FERRY_OK) {
         snprintf(ttl, sizeof(ttl), "%u", store->settings.ttl_ms ? store->settings.ttl_ms : 1);
         /* the change log beside it, in the same round trip */
-        char *log = log_key(key);
+        char *log = ferry_redis_log_key(key);
         const char *descriptor_argv[] = {"PEXPIRE", key, ttl}, *log_argv[] = {"PEXPIRE", log, ttl};
         size_t descriptor_lengths[] = {7, strlen(key), strlen(ttl)};
         size_t log_lengths[] = {7, log ? strlen(log) : 0, strlen(ttl)};

@@ -9,6 +9,8 @@
 
 #include <ferry/plugin.h>
 
+#include "../md_records.h"
+
 #include <hiredis/hiredis.h>
 #include <stddef.h>
 
@@ -35,5 +37,31 @@ int ferry_redis_renewed(const redisReply *reply);
 ferry_status_t ferry_redis_changes(const redisReply *reply, uint64_t since,
                                    uint64_t *generation_p, uint64_t *newest_p, char **records,
                                    size_t max, size_t *count_p, char *why, size_t whylen);
+
+/* redis_changes.c: the sorted set beside a segment's key K, K/changes/log
+ * (malloc-ed). */
+char *ferry_redis_log_key(const char *key);
+
+/* One pipeline, up to 5 commands: DEL, ZADD, ZREMRANGEBYSCORE and PEXPIRE
+ * of the log, then the descriptor's SET. */
+typedef struct ferry_redis_write {
+    size_t n;
+    int argcs[5];
+    const char **argvs[5];
+    size_t *lengths[5];
+    const char *del[2], *prune[4], *expire[3];
+    const char **zadd;           /* malloc-ed */
+    char (*scores)[24];          /* the records' revisions, malloc-ed */
+    char *log;
+    char newest[24], prune_below[24], head[64];
+} ferry_redis_write_t;
+
+/* Append a command (argv kept by reference: it must outlive the write). */
+int ferry_redis_write_add(ferry_redis_write_t *w, int argc, const char **argv);
+/* The change log's part of a write of batch under key: restart, records
+ * and head, pruning, expiry of ttl ms.  0 when out of memory. */
+int ferry_redis_write_changes(ferry_redis_write_t *w, const char *key, const char *ttl,
+                              const ferry_md_records_batch_t *batch);
+void ferry_redis_write_fini(ferry_redis_write_t *w);
 
 #endif
