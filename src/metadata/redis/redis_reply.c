@@ -73,6 +73,7 @@ ferry_status_t ferry_redis_changes(const redisReply *reply, uint64_t since,
     }
     size_t head = strlen(FERRY_REDIS_HEAD);
     int have_head = 0;
+    ferry_status_t status = FERRY_ERR_DECODE;
     for (size_t i = 0; i < reply->elements; i += 2) {
         const redisReply *member = reply->element[i], *score = reply->element[i + 1];
         uint64_t revision;
@@ -90,18 +91,22 @@ ferry_status_t ferry_redis_changes(const redisReply *reply, uint64_t since,
             }
         } else if (revision > since && *count_p < max) {
             char *text = malloc(member->len + 1);
-            if (text == NULL)
+            if (text == NULL) {
+                status = FERRY_ERR_NO_MEMORY;
                 goto err_free;
+            }
             memcpy(text, member->str, member->len);
             text[member->len] = '\0';
             records[(*count_p)++] = text;
         }
     }
-    return have_head ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
+    if (have_head)
+        return FERRY_OK;
+    status = FERRY_ERR_SEGMENT_NOT_FOUND; /* records without a head tell nothing */
 
 err_free:
     for (size_t i = 0; i < *count_p; i++)
         free(records[i]);
     *count_p = 0;
-    return FERRY_ERR_DECODE;
+    return status;
 }
