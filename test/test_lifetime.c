@@ -177,7 +177,7 @@ Test(lifetime, unregister_waits_for_a_write_being_received)
 
 /* A completion must not touch the batch once its count reached zero: the
  * waiter may destroy it at once.  Sleeping waits (no spin), completions
- * from the transport's receiver thread. */
+ * from the transport's I/O thread. */
 Test(lifetime, batch_destroyed_the_moment_its_wait_returns)
 {
     setenv("FERRY_WAIT_SPIN", "0", 1);

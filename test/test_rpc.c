@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -392,21 +393,61 @@ Test(rpc, idle_connection_is_closed)
     close(fd);
 }
 
-Test(rpc, refused_connect_fails_fast)
+/* A bound socket that does not listen: the port is ours and refuses.
+ * Close the returned socket when done. */
+static int refusing_endpoint(char *endpoint_out, size_t size)
 {
-    /* A bound socket that does not listen: the port is ours and refuses. */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
     socklen_t len = sizeof(addr);
     cr_assert_eq(bind(fd, (struct sockaddr *)&addr, len), 0);
     getsockname(fd, (struct sockaddr *)&addr, &len);
+    snprintf(endpoint_out, size, "127.0.0.1:%d", ntohs(addr.sin_port));
+    return fd;
+}
+
+Test(rpc, refused_connect_fails_fast)
+{
     char dead[64];
-    snprintf(dead, sizeof(dead), "127.0.0.1:%d", ntohs(addr.sin_port));
+    int fd = refusing_endpoint(dead, sizeof(dead));
     uint64_t start = ferry_time_ms();
     cr_assert_eq(ferry_rpc_call(dead, FERRY_RPC_PROBE, NULL, 0, 2000, MAX_FRAME, NULL, NULL),
                  FERRY_ERR_CONNECT);
     cr_assert_lt(ferry_time_ms() - start, 200);
     close(fd);
+}
+
+/* More endpoints than the fan-out keeps open at once (256), refusing ones
+ * among them: every live one is asked and answers, every dead one says
+ * CONNECT, none is left out -- within a descriptor limit that the server's
+ * 256 connections and the window fit, and 600 calls at once would not. */
+Test(rpc, fan_out_past_its_window_reaches_every_endpoint)
+{
+    char dead[64];
+    int fd = refusing_endpoint(dead, sizeof(dead));
+
+    struct rlimit files = {.rlim_cur = 600, .rlim_max = 600}, old;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    if (old.rlim_max < files.rlim_max)
+        cr_skip("RLIMIT_NOFILE is below 600 here");
+    files.rlim_max = old.rlim_max;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &files), 0);
+    enum { N = 900 };
+    const char *endpoints[N];
+    ferry_status_t statuses[N];
+    for (size_t i = 0; i < N; i++)
+        endpoints[i] = i % 3 == 2 ? dead : endpoint;
+    int before = atomic_load(&handled);
+    ferry_rpc_call_all(endpoints, N, FERRY_RPC_PROBE, NULL, 0, 20000, MAX_FRAME, statuses);
+    int live = 0;
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(statuses[i], i % 3 == 2 ? FERRY_ERR_CONNECT : FERRY_OK, "endpoint %zu: %d",
+                     i, statuses[i]);
+        live += i % 3 != 2;
+    }
+    cr_assert_eq(atomic_load(&handled) - before, live);
+    close(fd);
+    setrlimit(RLIMIT_NOFILE, &old);
 }
 
 struct mute_peer {

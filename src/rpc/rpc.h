@@ -86,7 +86,7 @@ ferry_status_t ferry_rpc_call(const char *endpoint, int type, const void *payloa
  * is endpoint i's: FERRY_OK for a reply of the right type, the reply's
  * error status, or why none came.  Replies' payloads are read and dropped.
  * One thread, non-blocking sockets: n unanswered endpoints cost one bound,
- * not n. */
+ * not n; at most 256 sockets open at once, the next starting as one ends. */
 void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const void *payload,
                         size_t length, unsigned timeout_ms, size_t max_frame,
                         ferry_status_t *statuses);

@@ -4,6 +4,14 @@
  * socket, all driven by one poll loop under one deadline, so that the time
  * the whole fan-out takes is bounded by the slowest answer or the timeout,
  * never by the number of peers that do not answer.
+ *
+ * At most FANOUT_WINDOW calls are open at once; the next starts as one
+ * ends.  Thousands of subscribers would otherwise cost as many descriptors
+ * at once (past a 1,024 or 4,096 RLIMIT_NOFILE) and a poll() over all of
+ * them per wake-up.  Peers that refuse or answer free their slot at once;
+ * only a window full of peers that accept and never answer (frozen) holds
+ * the rest back, and then until the one deadline: those not started by
+ * then say TIMEOUT, as unanswered ones do.
  */
 #include "rpc.h"
 
@@ -29,6 +37,8 @@ typedef struct call {
     ferry_rpc_header_t reply;
     size_t payload_left; /* of the reply, read and dropped */
 } call_t;
+
+#define FANOUT_WINDOW 256
 
 static void call_end(call_t *call, ferry_status_t *status_p, ferry_status_t status)
 {
@@ -99,7 +109,7 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
 {
     ferry_rpc_counter_add(FERRY_RPC_COUNT_CALLS_FANNED_OUT, n);
     call_t *calls = calloc(n ? n : 1, sizeof(*calls));
-    struct pollfd *fds = calloc(n ? n : 1, sizeof(*fds));
+    struct pollfd *fds = calloc(FERRY_MIN(n, (size_t)FANOUT_WINDOW) + 1, sizeof(*fds));
     uint8_t *frame = malloc(FERRY_RPC_HEADER_SIZE + length);
     if (calls == NULL || fds == NULL || frame == NULL || length > UINT32_MAX) {
         for (size_t i = 0; i < n; i++)
@@ -111,26 +121,32 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
     ferry_rpc_header_pack(&header, frame);
     if (length)
         memcpy(frame + FERRY_RPC_HEADER_SIZE, payload, length);
-    size_t open = 0;
     for (size_t i = 0; i < n; i++) {
         statuses[i] = FERRY_ERR_TIMEOUT;
         calls[i].fd = -1;
         calls[i].phase = CALL_DONE;
-        ferry_status_t status = ferry_net_connect_begin(endpoints[i], &calls[i].fd);
-        if (status != FERRY_OK) {
-            statuses[i] = status;
-            continue;
-        }
-        calls[i].phase = CALL_CONNECTING;
-        open++;
     }
+    /* calls [done_below, started) may be open; every one below done_below has ended */
+    size_t started = 0, done_below = 0, open = 0;
     uint64_t deadline = ferry_time_ms() + timeout_ms;
-    while (open > 0) {
+    for (;;) {
+        for (; started < n && open < FANOUT_WINDOW; started++) {
+            ferry_status_t status =
+                ferry_net_connect_begin(endpoints[started], &calls[started].fd);
+            if (status != FERRY_OK) {
+                statuses[started] = status;
+                continue;
+            }
+            calls[started].phase = CALL_CONNECTING;
+            open++;
+        }
+        while (done_below < started && calls[done_below].phase == CALL_DONE)
+            done_below++;
         uint64_t now = ferry_time_ms();
-        if (now >= deadline)
+        if (open == 0 || now >= deadline)
             break;
         size_t k = 0;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = done_below; i < started; i++)
             if (calls[i].phase != CALL_DONE)
                 fds[k++] = (struct pollfd){
                     .fd = calls[i].fd,
@@ -139,7 +155,7 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
         if (rc < 0 && errno != EINTR)
             break;
         k = 0;
-        for (size_t i = 0; rc > 0 && i < n; i++) {
+        for (size_t i = done_below; rc > 0 && i < started; i++) {
             if (calls[i].phase == CALL_DONE)
                 continue;
             short events = fds[k++].revents;
@@ -152,7 +168,7 @@ void ferry_rpc_call_all(const char *const *endpoints, size_t n, int type, const 
             open -= calls[i].phase == CALL_DONE;
         }
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = done_below; i < started; i++)
         if (calls[i].fd >= 0)
             close(calls[i].fd); /* still unanswered: statuses[i] says TIMEOUT */
 out:

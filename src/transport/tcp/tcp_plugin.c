@@ -19,8 +19,12 @@ static const ferry_setting_t tcp_settings[] = {
      offsetof(ferry_tcp_settings_t, listen_host), FERRY_SETTING_STRING},
     {"SLICE_SIZE", "1m", "requests are cut into slices of this size (at least 4k)",
      offsetof(ferry_tcp_settings_t, slice_size), FERRY_SETTING_SIZE},
-    {"CONNECTIONS", "2", "sockets per peer; slices are spread over them (1..64)",
+    {"CONNECTIONS", "0", "most sockets per peer (0..64; 0: twice IO_THREADS); a peer starts "
+     "with one and opens another while more than 2 slices per socket are outstanding",
      offsetof(ferry_tcp_settings_t, connections), FERRY_SETTING_UINT},
+    {"IO_THREADS", "0", "I/O threads serving every tcp socket of the engine (0..256; 0: half "
+     "the CPUs the process may run on, 2..8)",
+     offsetof(ferry_tcp_settings_t, io_threads), FERRY_SETTING_UINT},
     {"TIMEOUT", "5000", "a peer that moves no byte this long while requests are outstanding "
      "fails; the listener closes a connection whose request header took longer",
      offsetof(ferry_tcp_settings_t, timeout_ms), FERRY_SETTING_TIME_MS},
@@ -33,28 +37,13 @@ static const ferry_setting_t tcp_settings[] = {
     {"IDLE_TIMEOUT", "60s", "the listener closes a connection with no request this long (0: "
      "never); initiators reconnect, dropping a connection idle for half the target's",
      offsetof(ferry_tcp_settings_t, idle_timeout_ms), FERRY_SETTING_TIME_MS},
-    {"MAX_CONNS", "1024", "connections (each a thread) the listener keeps; past it a new one "
+    {"MAX_CONNS", "1024", "connections the listener keeps; past it a new one "
      "evicts the one idle longest, or is closed when none is idle",
      offsetof(ferry_tcp_settings_t, max_conns), FERRY_SETTING_UINT},
     {"MAX_CONNS_PER_SOURCE", "256", "connections the listener keeps from one address; past it a "
      "new one evicts that address's connection idle longest",
      offsetof(ferry_tcp_settings_t, max_conns_per_source), FERRY_SETTING_UINT},
 };
-
-ferry_status_t ferry_tcp_thread_start(pthread_t *thread, size_t stack, void *(*fn)(void *),
-                                      void *arg)
-{
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, stack);
-    int rc = pthread_create(thread, &attr, fn, arg);
-    pthread_attr_destroy(&attr);
-    if (rc != 0) {
-        ferry_error("tcp: cannot start a thread: %s", strerror(rc));
-        return FERRY_ERR_NO_RESOURCE;
-    }
-    return FERRY_OK;
-}
 
 void ferry_tcp_tune_socket(const ferry_tcp_t *tcp, int fd)
 {
@@ -77,8 +66,13 @@ static ferry_status_t check_settings(const ferry_tcp_settings_t *s)
                     s->slice_size);
         return FERRY_ERR_INVALID_PARAM;
     }
-    if (s->connections < 1 || s->connections > 64) {
-        ferry_error("FERRY_TCP_CONNECTIONS=%u is not within 1..64", s->connections);
+    if (s->connections > FERRY_TCP_MAX_PEER_CONNS) {
+        ferry_error("FERRY_TCP_CONNECTIONS=%u is not within 0..%d", s->connections,
+                    FERRY_TCP_MAX_PEER_CONNS);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (s->io_threads > 256) {
+        ferry_error("FERRY_TCP_IO_THREADS=%u is not within 0..256", s->io_threads);
         return FERRY_ERR_INVALID_PARAM;
     }
     if (s->sockbuf > INT_MAX) {
@@ -101,13 +95,15 @@ static int is_wildcard(const char *host)
     return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
 }
 
-/* The engine's stop: no request is served or in flight after it (each
- * step does nothing the second time, when destroy repeats it). */
+/* The engine's stop: no request is served or in flight after it, and no
+ * thread of ours is left to call the engine (each step does nothing the
+ * second time, when destroy repeats it).  The order is tcp.h's. */
 static void tcp_stop(void *ctx)
 {
     ferry_tcp_t *tcp = ctx;
     ferry_tcp_target_stop(tcp);
     ferry_tcp_peers_destroy(tcp);
+    ferry_tcp_workers_stop(tcp);
 }
 
 static void tcp_destroy(void *ctx)
@@ -116,6 +112,7 @@ static void tcp_destroy(void *ctx)
     if (tcp == NULL)
         return;
     tcp_stop(tcp);
+    ferry_tcp_workers_free(tcp);
     pthread_cond_destroy(&tcp->settled);
     pthread_mutex_destroy(&tcp->lock);
     pthread_mutex_destroy(&tcp->target_lock);
@@ -135,7 +132,6 @@ static ferry_status_t tcp_create(const ferry_transport_services_t *svc, void **c
     memcpy(&tcp->svc, svc, FERRY_MIN(svc->size, sizeof(tcp->svc)));
     tcp->svc.size = sizeof(tcp->svc);
     tcp->listen_fd = -1;
-    tcp->wake_pipe[0] = tcp->wake_pipe[1] = -1;
     pthread_mutex_init(&tcp->lock, NULL);
     pthread_mutex_init(&tcp->target_lock, NULL);
     pthread_cond_init(&tcp->settled, NULL);
@@ -147,6 +143,13 @@ static ferry_status_t tcp_create(const ferry_transport_services_t *svc, void **c
     status = check_settings(&tcp->settings);
     if (status != FERRY_OK)
         goto err_release_settings;
+    tcp->n_workers = tcp->settings.io_threads ? tcp->settings.io_threads : ferry_tcp_auto_threads();
+    tcp->max_peer_conns = tcp->settings.connections
+                              ? tcp->settings.connections
+                              : FERRY_MIN(2 * tcp->n_workers, (unsigned)FERRY_TCP_MAX_PEER_CONNS);
+    status = ferry_tcp_workers_start(tcp);
+    if (status != FERRY_OK)
+        goto err_stop_workers;
 
     /* Bind where the engine says peers reach it unless told otherwise; a
      * wildcard bind still advertises a routable host. */
@@ -159,10 +162,8 @@ static ferry_status_t tcp_create(const ferry_transport_services_t *svc, void **c
     const char *host = *tcp->settings.listen_host ? tcp->settings.listen_host : advertise;
     int port;
     status = ferry_tcp_target_start(tcp, host, &port);
-    if (status != FERRY_OK) {
-        ferry_tcp_target_stop(tcp);
-        goto err_release_settings;
-    }
+    if (status != FERRY_OK)
+        goto err_stop_target;
     const char *shown = is_wildcard(host) ? advertise : host;
     tcp->address = strchr(shown, ':') ? ferry_strdup_printf("[%s]:%d", shown, port)
                                       : ferry_strdup_printf("%s:%d", shown, port);
@@ -170,11 +171,17 @@ static ferry_status_t tcp_create(const ferry_transport_services_t *svc, void **c
         tcp_destroy(tcp);
         return FERRY_ERR_NO_MEMORY;
     }
-    ferry_debug("tcp: listening at %s (slices %zu, %u connections per peer)", tcp->address,
-                tcp->settings.slice_size, tcp->settings.connections);
+    ferry_debug("tcp: listening at %s (slices %zu, %u I/O threads, up to %u connections per "
+                "peer)", tcp->address, tcp->settings.slice_size, tcp->n_workers,
+                tcp->max_peer_conns);
     *ctx_p = tcp;
     return FERRY_OK;
 
+err_stop_target:
+    ferry_tcp_target_stop(tcp);
+err_stop_workers:
+    ferry_tcp_workers_stop(tcp);
+    ferry_tcp_workers_free(tcp);
 err_release_settings:
     ferry_settings_release(tcp_settings, FERRY_ARRAY_SIZE(tcp_settings), &tcp->settings);
 err_free:
@@ -208,7 +215,7 @@ static void tcp_mem_deregister(void *ctx, void *memh)
 
 /* Any memory the engine knows: device memory (an accelerator's that is
  * usable, the only kind the engine asks about) moves through the engine's
- * staging buffers on the connection's own threads (slice->local_device),
+ * staging buffers on the connection's I/O thread (slice->local_device),
  * pipelined with the socket. */
 static int tcp_local_memory(void *ctx, const char *location)
 {

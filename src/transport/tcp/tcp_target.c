@@ -1,5 +1,7 @@
 /*
- * tcp target side: the listener and one thread per accepted connection.
+ * tcp target side: the listener and the accepted connections, served by
+ * the I/O threads (tcp_worker.c) as state machines over non-blocking
+ * sockets.
  *
  * Requests on a connection are served in order, straight between the socket
  * and the engine's registered memory, and only inside a range that
@@ -8,9 +10,11 @@
  *
  * What one client can hold is bounded: the HELLO must arrive within
  * CONNECT_TIMEOUT and a request header within TIMEOUT of its first byte
- * (deadlines, so trickling bytes does not stretch them), an idle connection
- * closes after IDLE_TIMEOUT, and the caps on connections evict the idle ones
- * (tcp.h), so idle connections, however many, never lock out an initiator.
+ * (deadlines, so trickling bytes does not stretch them), a request whose
+ * payload stops moving for TIMEOUT closes (its access released), an idle
+ * connection closes after IDLE_TIMEOUT, and the caps on connections evict
+ * the idle ones (tcp.h), so idle connections, however many, never lock out
+ * an initiator.
  */
 #include "tcp.h"
 
@@ -18,81 +22,64 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
-#define DRAIN_CHUNK (64u << 10)
-/* Responses to small requests wait while the next header is already here,
- * then leave in one send: one syscall and one wake-up for many slices.
- * A request above COALESCE_MAX flushes first, so no response waits long. */
-#define COALESCE_COUNT 64
-#define COALESCE_MAX (256u << 10)
 #define REFUSED_WARN_INTERVAL_MS 10000
+/* What one connection may move or serve per event before the others of its
+ * thread get a turn (level-triggered epoll calls it again). */
+#define BUDGET_BYTES (4u << 20)
+#define BUDGET_REQUESTS 64
+#define ACCEPTS_PER_EVENT 64
+#define ACCEPT_PAUSE_MS 100
 
-typedef struct pending {
-    unsigned count;
-    unsigned char responses[COALESCE_COUNT][FERRY_TCP_RESPONSE_SIZE];
-} pending_t;
+typedef enum step {
+    STEP_AGAIN, /* go on */
+    STEP_WAIT,  /* the socket would block: wait for the next event */
+    STEP_CLOSE,
+} step_t;
 
-static ferry_status_t flush(int fd, pending_t *out)
+/* ---------------- closing ---------------- */
+
+/* On the connection's thread: access released, out of every list, closed, freed. */
+static void target_close(ferry_tcp_target_conn_t *conn)
 {
-    if (out->count == 0)
-        return FERRY_OK;
-    ferry_status_t status =
-        ferry_net_send_all(fd, out->responses, out->count * (size_t)FERRY_TCP_RESPONSE_SIZE);
-    out->count = 0;
-    return status;
-}
-
-static ferry_status_t respond(int fd, pending_t *out, uint64_t id, ferry_status_t status,
-                              uint64_t length)
-{
-    ferry_tcp_encode_response(out->responses[out->count++], id, status);
-    if (out->count == COALESCE_COUNT || length > COALESCE_MAX)
-        return flush(fd, out);
-    return FERRY_OK;
-}
-
-/* Read exactly len bytes before an absolute deadline: a peer that trickles
- * bytes cannot stretch the HELLO phase the way a per-call timeout allows. */
-static ferry_status_t recv_deadline(int fd, void *buf, size_t len, uint64_t deadline_ms)
-{
-    char *p = buf;
-    while (len > 0) {
-        uint64_t now = ferry_time_ms();
-        if (now >= deadline_ms)
-            return FERRY_ERR_TIMEOUT;
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        uint64_t wait = deadline_ms - now;
-        int rc = poll(&pfd, 1, wait > INT32_MAX ? INT32_MAX : (int)wait);
-        if (rc < 0 && errno != EINTR)
-            return FERRY_ERR_IO;
-        if (rc <= 0)
-            continue;
-        ssize_t got = recv(fd, p, len, MSG_DONTWAIT);
-        if (got == 0)
-            return FERRY_ERR_PEER_FAILED;
-        if (got < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                continue;
-            return FERRY_ERR_PEER_FAILED;
+    ferry_tcp_t *tcp = conn->tcp;
+    if (conn->token != NULL)
+        tcp->svc.access_release(tcp->svc.engine, conn->token);
+    pthread_mutex_lock(&tcp->target_lock);
+    if (conn->linked) {
+        for (ferry_tcp_target_conn_t **pp = &tcp->target_conns; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == conn) {
+                *pp = conn->next;
+                break;
+            }
         }
-        p += got;
-        len -= (size_t)got;
+        conn->linked = 0;
+        tcp->n_target_conns--;
     }
-    return FERRY_OK;
+    pthread_mutex_unlock(&tcp->target_lock);
+    ferry_tcp_worker_t *worker = conn->worker;
+    if (conn->wprev != NULL)
+        conn->wprev->wnext = conn->wnext;
+    else
+        worker->targets = conn->wnext;
+    if (conn->wnext != NULL)
+        conn->wnext->wprev = conn->wprev;
+    epoll_ctl(worker->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
+    close(conn->fd); /* the peer sees EOF now */
+    free(conn);
 }
 
-static void send_ack(ferry_tcp_target_conn_t *conn, ferry_status_t status)
+static void set_interest(ferry_tcp_target_conn_t *conn, int want_out)
 {
-    unsigned char ack[FERRY_TCP_ACK_SIZE];
-    const ferry_tcp_settings_t *settings = &conn->tcp->settings;
-    ferry_tcp_encode_ack(ack, status, settings->idle_timeout_ms, conn->tcp->svc.generation,
-                         settings->max_slice);
-    (void)ferry_net_send_all(conn->fd, ack, sizeof(ack));
+    if (conn->want_out == want_out)
+        return;
+    conn->want_out = want_out;
+    ferry_tcp_worker_watch(conn->worker, EPOLL_CTL_MOD, conn->fd, want_out ? EPOLLOUT : EPOLLIN,
+                           &conn->handler);
 }
 
 /* The connection's thread takes it out of HELLO or IDLE; 0: the listener
@@ -103,128 +90,175 @@ static int claim(ferry_tcp_target_conn_t *conn, int from)
     return atomic_compare_exchange_strong(&conn->state, &expected, FERRY_TCP_TARGET_BUSY);
 }
 
-/* HELLO within CONNECT_TIMEOUT, generation check, HELLO_ACK. */
-static ferry_status_t greet(ferry_tcp_target_conn_t *conn)
+static step_t io_step(ssize_t rc)
+{
+    if (rc == 0)
+        return STEP_CLOSE;
+    if (errno == EINTR)
+        return STEP_AGAIN;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? STEP_WAIT : STEP_CLOSE;
+}
+
+/* ---------------- responses ---------------- */
+
+/* The pending responses (and data after them, if any) are sent next. */
+static void start_send(ferry_tcp_target_conn_t *conn, const void *data, size_t length)
+{
+    int n = 0;
+    if (conn->out_len > conn->out_pos)
+        conn->tx_iov[n++] =
+            (struct iovec){conn->out + conn->out_pos, conn->out_len - conn->out_pos};
+    if (length > 0)
+        conn->tx_iov[n++] = (struct iovec){(void *)data, length};
+    conn->tx_msg = (struct msghdr){.msg_iov = conn->tx_iov, .msg_iovlen = (size_t)n};
+    conn->phase = FERRY_TCP_PHASE_SEND;
+}
+
+static void append_response(ferry_tcp_target_conn_t *conn, ferry_status_t status)
+{
+    ferry_tcp_encode_response(conn->out + conn->out_len, conn->id, status);
+    conn->out_len += FERRY_TCP_RESPONSE_SIZE;
+}
+
+/* Responses to small requests wait for the next header; a full buffer or a
+ * large request sends them now. */
+static void respond(ferry_tcp_target_conn_t *conn, ferry_status_t status, uint64_t length)
+{
+    append_response(conn, status);
+    conn->phase = FERRY_TCP_PHASE_HEADER;
+    if (conn->out_len == sizeof(conn->out) || length > FERRY_TCP_COALESCE_MAX)
+        start_send(conn, NULL, 0);
+}
+
+/* What can leave without waiting: no response waits while a large payload arrives. */
+static void try_flush(ferry_tcp_target_conn_t *conn)
+{
+    if (conn->out_len == conn->out_pos)
+        return;
+    ssize_t sent = send(conn->fd, conn->out + conn->out_pos, conn->out_len - conn->out_pos,
+                        MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent > 0)
+        conn->out_pos += (size_t)sent;
+    if (conn->out_pos == conn->out_len)
+        conn->out_pos = conn->out_len = 0;
+}
+
+/* Blocking-style, for a device READ whose answer must go first. */
+static ferry_status_t flush_sync(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_sync_send(conn->fd, conn->out + conn->out_pos,
+                                                conn->out_len - conn->out_pos,
+                                                conn->tcp->settings.timeout_ms);
+    conn->out_pos = conn->out_len = 0;
+    return status;
+}
+
+static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
+{
+    if (conn->tx_msg.msg_iovlen > 0) {
+        ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0) {
+            step_t step = io_step(sent);
+            if (step == STEP_WAIT)
+                set_interest(conn, 1);
+            return step;
+        }
+        conn->progress_ms = ferry_time_ms();
+        *budget_p -= FERRY_MIN(*budget_p, (size_t)sent);
+        ferry_net_iov_advance(&conn->tx_msg, (size_t)sent);
+        if (conn->tx_msg.msg_iovlen > 0)
+            return STEP_AGAIN;
+    }
+    conn->out_pos = conn->out_len = 0;
+    if (conn->token != NULL) { /* a READ's data left */
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+    }
+    conn->phase = FERRY_TCP_PHASE_HEADER;
+    set_interest(conn, 0);
+    return STEP_AGAIN;
+}
+
+/* ---------------- the HELLO ---------------- */
+
+static void send_ack(ferry_tcp_target_conn_t *conn, ferry_status_t status)
+{
+    unsigned char ack[FERRY_TCP_ACK_SIZE];
+    const ferry_tcp_settings_t *settings = &conn->tcp->settings;
+    ferry_tcp_encode_ack(ack, status, settings->idle_timeout_ms, conn->tcp->svc.generation,
+                         settings->max_slice);
+    /* 32 bytes into a fresh socket's buffer: never short */
+    (void)ferry_tcp_sync_send(conn->fd, ack, sizeof(ack), settings->connect_timeout_ms);
+}
+
+/* The whole HELLO is in buf: generation check, HELLO_ACK. */
+static step_t greet(ferry_tcp_target_conn_t *conn, const ferry_tcp_hello_t *parsed)
 {
     ferry_tcp_t *tcp = conn->tcp;
-    unsigned connect_timeout = tcp->settings.connect_timeout_ms;
-    uint64_t deadline = connect_timeout ? ferry_time_ms() + connect_timeout : UINT64_MAX;
-    unsigned char hello[FERRY_TCP_HELLO_SIZE];
-    char rpc[FERRY_TCP_HELLO_RPC_MAX + 1];
-
-    ferry_net_set_timeout(conn->fd, connect_timeout);
-    ferry_status_t status = recv_deadline(conn->fd, hello, sizeof(hello), deadline);
-    if (status != FERRY_OK) {
-        ferry_debug("tcp: connection closed before its HELLO: %s", ferry_status_string(status));
-        return status;
-    }
-    ferry_tcp_hello_t parsed;
-    status = ferry_tcp_hello_parse(hello, &parsed);
-    if (status == FERRY_ERR_UNSUPPORTED)
-        send_ack(conn, FERRY_ERR_UNSUPPORTED);
-    if (status != FERRY_OK)
-        return FERRY_ERR_PROTOCOL;
-    uint64_t expected = parsed.expected_generation;
-    uint16_t rpc_len = parsed.rpc_len;
-    status = recv_deadline(conn->fd, rpc, rpc_len, deadline);
-    if (status != FERRY_OK)
-        return status;
+    uint64_t expected = parsed->expected_generation;
+    uint16_t rpc_len = parsed->rpc_len;
+    char *rpc = (char *)conn->buf + FERRY_TCP_HELLO_SIZE;
     if (!claim(conn, FERRY_TCP_TARGET_HELLO))
-        return FERRY_ERR_CANCELED;
+        return STEP_CLOSE;
     if (ferry_tcp_hello_rpc_parse(rpc, rpc_len) != FERRY_OK)
-        return FERRY_ERR_PROTOCOL;
+        return STEP_CLOSE;
     if (expected != tcp->svc.generation) {
         ferry_debug("tcp: peer %s expects generation %016llx, this is %016llx", rpc,
                     (unsigned long long)expected, (unsigned long long)tcp->svc.generation);
         send_ack(conn, FERRY_ERR_STALE);
-        return FERRY_ERR_STALE;
+        return STEP_CLOSE;
     }
     /* Before the ACK: the engine must know whom to tell about an unregister
      * before that peer can touch any memory. */
     if (rpc_len > 0 && tcp->svc.peer_seen != NULL)
         tcp->svc.peer_seen(tcp->svc.engine, rpc);
     send_ack(conn, FERRY_OK);
-    ferry_net_set_timeout(conn->fd, tcp->settings.timeout_ms);
     ferry_debug("tcp: connection from %s accepted", rpc_len ? rpc : "(no rpc endpoint)");
-    return FERRY_OK;
+    conn->phase = FERRY_TCP_PHASE_HEADER;
+    conn->got = 0;
+    conn->deadline_ms = 0;
+    return STEP_AGAIN;
 }
 
-/* Swallow the payload of a refused WRITE so the stream stays in step. */
-static ferry_status_t drain(int fd, uint64_t length, void **scratch_p)
+static step_t hello_step(ferry_tcp_target_conn_t *conn)
 {
-    if (*scratch_p == NULL && (*scratch_p = malloc(DRAIN_CHUNK)) == NULL)
-        return FERRY_ERR_NO_MEMORY;
-    while (length > 0) {
-        size_t chunk = length < DRAIN_CHUNK ? (size_t)length : DRAIN_CHUNK;
-        ferry_status_t status = ferry_net_recv_all(fd, *scratch_p, chunk);
+    ferry_tcp_hello_t parsed = {0};
+    size_t need = FERRY_TCP_HELLO_SIZE;
+    if (conn->got >= FERRY_TCP_HELLO_SIZE) {
+        (void)ferry_tcp_hello_parse(conn->buf, &parsed); /* passed once already */
+        need += parsed.rpc_len;
+    }
+    if (conn->got < need) {
+        ssize_t got = recv(conn->fd, conn->buf + conn->got, need - conn->got, MSG_DONTWAIT);
+        if (got <= 0) {
+            step_t step = io_step(got);
+            if (step == STEP_CLOSE)
+                ferry_debug("tcp: connection closed before its HELLO");
+            return step;
+        }
+        conn->got += (size_t)got;
+        if (conn->got < need)
+            return STEP_AGAIN;
+    }
+    if (need == FERRY_TCP_HELLO_SIZE) {
+        ferry_status_t status = ferry_tcp_hello_parse(conn->buf, &parsed);
+        if (status == FERRY_ERR_UNSUPPORTED)
+            send_ack(conn, FERRY_ERR_UNSUPPORTED);
         if (status != FERRY_OK)
-            return status;
-        length -= chunk;
+            return STEP_CLOSE;
+        if (parsed.rpc_len > 0)
+            return STEP_AGAIN; /* now the rpc bytes */
     }
-    return FERRY_OK;
+    return greet(conn, &parsed);
 }
 
-/* Wait for the next request header; pending responses leave as soon as we
- * would wait.  An idle connection closes after IDLE_TIMEOUT (or when the
- * listener evicts it); once a header started, it must complete within
- * TIMEOUT. */
-static ferry_status_t next_header(ferry_tcp_target_conn_t *conn, unsigned char *hdr, pending_t *out)
-{
-    const ferry_tcp_settings_t *settings = &conn->tcp->settings;
-    int fd = conn->fd;
-    uint64_t idle_since = 0;
-    for (;;) {
-        ssize_t got = recv(fd, hdr, FERRY_TCP_REQUEST_SIZE, MSG_DONTWAIT);
-        int err = got < 0 ? errno : 0;
-        if (got == FERRY_TCP_REQUEST_SIZE)
-            return FERRY_OK;
-        if (got == 0 || (got < 0 && err != EINTR && err != EAGAIN && err != EWOULDBLOCK))
-            return FERRY_ERR_PEER_FAILED;
-        if (err != EINTR && flush(fd, out) != FERRY_OK)
-            return FERRY_ERR_PEER_FAILED;
-        if (got > 0) {
-            uint64_t deadline =
-                settings->timeout_ms ? ferry_time_ms() + settings->timeout_ms : UINT64_MAX;
-            ferry_status_t status =
-                recv_deadline(fd, hdr + got, FERRY_TCP_REQUEST_SIZE - (size_t)got, deadline);
-            if (status == FERRY_ERR_TIMEOUT)
-                ferry_warn("tcp: a peer did not complete a request header within %u ms; "
-                           "closing", settings->timeout_ms);
-            return status;
-        }
-        if (err == EINTR)
-            continue;
-        uint64_t now = ferry_time_ms();
-        if (idle_since == 0) {
-            idle_since = now;
-            atomic_store(&conn->idle_ms, now);
-        }
-        int wait_ms = -1;
-        if (settings->idle_timeout_ms != 0) {
-            if (now - idle_since >= settings->idle_timeout_ms) {
-                ferry_debug("tcp: closing a connection idle for %u ms", settings->idle_timeout_ms);
-                return FERRY_ERR_TIMEOUT;
-            }
-            wait_ms = (int)(idle_since + settings->idle_timeout_ms - now);
-        }
-        /* shutdown() by destroy or an eviction wakes this poll */
-        atomic_store(&conn->state, FERRY_TCP_TARGET_IDLE);
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int rc = poll(&pfd, 1, wait_ms);
-        int poll_errno = errno;
-        if (!claim(conn, FERRY_TCP_TARGET_IDLE))
-            return FERRY_ERR_CANCELED;
-        if (rc < 0 && poll_errno != EINTR)
-            return FERRY_ERR_IO;
-    }
-}
-
+/* ---------------- requests ---------------- */
 
 /* Device memory (a registered GPU buffer): the payload goes through the
- * engine's page-locked buffers, each copied to the device while the next
- * arrives. */
+ * engine's page-locked buffers, synchronously on this thread (tcp.h). */
 typedef struct staged_recv {
     int fd;
+    unsigned timeout_ms;
     size_t received;
     int socket_failed;
 } staged_recv_t;
@@ -232,7 +266,7 @@ typedef struct staged_recv {
 static ferry_status_t recv_staged(void *arg, void *buffer, size_t length)
 {
     staged_recv_t *in = arg;
-    ferry_status_t status = ferry_net_recv_all(in->fd, buffer, length);
+    ferry_status_t status = ferry_tcp_sync_recv(in->fd, buffer, length, in->timeout_ms);
     in->received += status == FERRY_OK ? length : 0;
     in->socket_failed = status != FERRY_OK;
     return status;
@@ -240,43 +274,73 @@ static ferry_status_t recv_staged(void *arg, void *buffer, size_t length)
 
 static ferry_status_t send_staged(void *arg, const void *buffer, size_t length)
 {
-    return ferry_net_send_all(*(int *)arg, buffer, length);
+    ferry_tcp_target_conn_t *conn = arg;
+    return ferry_tcp_sync_send(conn->fd, buffer, length, conn->tcp->settings.timeout_ms);
 }
 
 /* A WRITE into device memory.  A failed device copy leaves the socket
- * where it was: the rest of the payload is drained and *granted_p says
- * what the initiator hears. */
-static ferry_status_t write_device(ferry_tcp_target_conn_t *conn, void *token, uint64_t addr,
-                                   uint64_t length, void **scratch_p, ferry_status_t *granted_p)
+ * where it was: the rest of the payload is drained (conn->moved says how
+ * far) and conn->granted says what the initiator hears. */
+static step_t write_device(ferry_tcp_target_conn_t *conn)
 {
     ferry_tcp_t *tcp = conn->tcp;
-    staged_recv_t in = {.fd = conn->fd};
-    ferry_status_t status = tcp->svc.stage_in(tcp->svc.engine, token, (void *)(uintptr_t)addr,
-                                              (size_t)length, recv_staged, &in);
-    if (status == FERRY_OK || in.socket_failed)
-        return status;
+    staged_recv_t in = {.fd = conn->fd, .timeout_ms = tcp->settings.timeout_ms};
+    ferry_status_t status =
+        tcp->svc.stage_in(tcp->svc.engine, conn->token, (void *)(uintptr_t)conn->addr,
+                          (size_t)conn->length, recv_staged, &in);
+    tcp->svc.access_release(tcp->svc.engine, conn->token);
+    conn->token = NULL;
+    if (status == FERRY_OK) {
+        respond(conn, FERRY_OK, conn->length);
+        return STEP_AGAIN;
+    }
+    if (in.socket_failed)
+        return STEP_CLOSE;
     ferry_error("tcp: a %llu-byte WRITE into device memory at 0x%llx failed: %s",
-                (unsigned long long)length, (unsigned long long)addr,
+                (unsigned long long)conn->length, (unsigned long long)conn->addr,
                 ferry_status_string(status));
-    *granted_p = status < 0 ? status : FERRY_ERR_IO;
-    return drain(conn->fd, length - in.received, scratch_p);
+    conn->granted = status < 0 ? status : FERRY_ERR_IO;
+    conn->moved = in.received;
+    conn->phase = FERRY_TCP_PHASE_DRAIN;
+    return STEP_AGAIN;
 }
 
-static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned char *hdr,
-                                pending_t *out, void **scratch_p)
+/* A READ of device memory.  The answer goes first: a device copy that
+ * fails later in the stream can only close the connection (the peer fails
+ * the READ). */
+static step_t read_device(ferry_tcp_target_conn_t *conn)
+{
+    ferry_tcp_t *tcp = conn->tcp;
+    append_response(conn, FERRY_OK);
+    ferry_status_t status = flush_sync(conn);
+    if (status == FERRY_OK)
+        status = tcp->svc.stage_out(tcp->svc.engine, conn->token,
+                                    (const void *)(uintptr_t)conn->addr, (size_t)conn->length,
+                                    send_staged, conn);
+    tcp->svc.access_release(tcp->svc.engine, conn->token);
+    conn->token = NULL;
+    conn->phase = FERRY_TCP_PHASE_HEADER;
+    return status == FERRY_OK ? STEP_AGAIN : STEP_CLOSE;
+}
+
+/* A whole header is in buf. */
+static step_t serve_start(ferry_tcp_target_conn_t *conn)
 {
     ferry_tcp_t *tcp = conn->tcp;
     ferry_tcp_request_t request;
-    if (ferry_tcp_request_parse(hdr, tcp->settings.max_slice, &request) != FERRY_OK)
-        return FERRY_ERR_PROTOCOL;
+    if (ferry_tcp_request_parse(conn->buf, tcp->settings.max_slice, &request) != FERRY_OK)
+        return STEP_CLOSE;
     unsigned op = request.op;
-    uint64_t id = request.id, addr = request.addr, length = request.length;
+    uint64_t addr = request.addr, length = request.length;
+    conn->op = op;
+    conn->id = request.id;
+    conn->addr = addr;
+    conn->length = length;
+    conn->moved = 0;
+    conn->progress_ms = ferry_time_ms();
 
-    ferry_status_t status = FERRY_OK;
-    if (op == FERRY_TCP_OP_WRITE && length > COALESCE_MAX)
-        status = flush(conn->fd, out); /* not held while a large payload arrives */
-    if (status != FERRY_OK)
-        return status;
+    if (op == FERRY_TCP_OP_WRITE && length > FERRY_TCP_COALESCE_MAX)
+        try_flush(conn); /* not held while a large payload arrives */
 
     void *token = NULL;
     ferry_access_t access = op == FERRY_TCP_OP_WRITE ? FERRY_ACCESS_WRITE : FERRY_ACCESS_READ;
@@ -289,108 +353,171 @@ static ferry_status_t serve_one(ferry_tcp_target_conn_t *conn, const unsigned ch
         ferry_debug("tcp: refused %s of %llu bytes at 0x%llx: %s",
                     op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ", (unsigned long long)length,
                     (unsigned long long)addr, ferry_status_string(granted));
+    conn->granted = granted;
+    conn->token = granted == FERRY_OK ? token : NULL;
 
     int device = granted == FERRY_OK && tcp->svc.access_is_device(tcp->svc.engine, token);
     if (op == FERRY_TCP_OP_WRITE) {
-        if (granted == FERRY_OK && device) {
-            status = write_device(conn, token, addr, length, scratch_p, &granted);
-            tcp->svc.access_release(tcp->svc.engine, token);
-        } else if (granted == FERRY_OK) {
-            status = ferry_net_recv_all(conn->fd, (void *)(uintptr_t)addr, (size_t)length);
-            tcp->svc.access_release(tcp->svc.engine, token);
-        } else {
-            status = drain(conn->fd, length, scratch_p);
-        }
-        if (status == FERRY_OK)
-            status = respond(conn->fd, out, id, granted, length);
-    } else if (granted == FERRY_OK && device) {
-        /* The answer goes first: a device copy that fails later in the
-         * stream can only close the connection (the peer fails the READ). */
-        ferry_tcp_encode_response(out->responses[out->count++], id, FERRY_OK);
-        status = flush(conn->fd, out);
-        if (status == FERRY_OK)
-            status = tcp->svc.stage_out(tcp->svc.engine, token, (const void *)(uintptr_t)addr,
-                                        (size_t)length, send_staged, &conn->fd);
-        tcp->svc.access_release(tcp->svc.engine, token);
+        if (device)
+            return write_device(conn);
+        conn->phase = granted == FERRY_OK ? FERRY_TCP_PHASE_PAYLOAD : FERRY_TCP_PHASE_DRAIN;
+    } else if (device) {
+        return read_device(conn);
     } else if (granted == FERRY_OK) {
         /* pending responses, this one and the data: one sendmsg */
-        ferry_tcp_encode_response(out->responses[out->count++], id, FERRY_OK);
-        struct iovec iov[2] = {{out->responses, out->count * (size_t)FERRY_TCP_RESPONSE_SIZE},
-                               {(void *)(uintptr_t)addr, (size_t)length}};
-        out->count = 0;
-        status = ferry_net_sendv_all(conn->fd, iov, 2);
-        tcp->svc.access_release(tcp->svc.engine, token);
+        append_response(conn, FERRY_OK);
+        start_send(conn, (const void *)(uintptr_t)addr, (size_t)length);
     } else {
-        status = respond(conn->fd, out, id, granted, 0);
+        respond(conn, granted, 0);
     }
-    if (status == FERRY_ERR_TIMEOUT)
-        ferry_warn("tcp: a peer stopped moving data during a %llu-byte %s; closing",
-                   (unsigned long long)length, op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ");
-    else if (status != FERRY_OK) /* it canceled or died: its own log says why */
-        ferry_info("tcp: a peer closed its connection during a %llu-byte %s",
-                   (unsigned long long)length, op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ");
-    return status;
+    return STEP_AGAIN;
 }
 
-static void *target_conn_main(void *arg)
+/* A WRITE's payload: into memory (granted) or the thread's scratch (refused,
+ * so the stream stays in step). */
+static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
-    ferry_tcp_target_conn_t *conn = arg;
-    ferry_tcp_t *tcp = conn->tcp;
-    void *scratch = NULL;
-    pending_t *out = malloc(sizeof(*out));
-    if (out != NULL && greet(conn) == FERRY_OK) {
-        unsigned char hdr[FERRY_TCP_REQUEST_SIZE];
-        out->count = 0;
-        for (;;) {
-            ferry_status_t status = next_header(conn, hdr, out);
-            if (status != FERRY_OK) {
-                ferry_debug("tcp: connection ended: %s", ferry_status_string(status));
-                break;
+    int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD;
+    size_t want = (size_t)(conn->length - conn->moved);
+    want = FERRY_MIN(want, FERRY_MAX(*budget_p, (size_t)1));
+    void *dst = (char *)(uintptr_t)conn->addr + conn->moved;
+    if (!into_memory) {
+        want = FERRY_MIN(want, (size_t)FERRY_TCP_SCRATCH);
+        dst = conn->worker->scratch;
+    }
+    ssize_t got = recv(conn->fd, dst, want, MSG_DONTWAIT);
+    if (got <= 0) {
+        step_t step = io_step(got);
+        if (step == STEP_CLOSE)
+            ferry_info("tcp: a peer closed its connection during a %llu-byte WRITE",
+                       (unsigned long long)conn->length);
+        return step;
+    }
+    conn->moved += (uint64_t)got;
+    conn->progress_ms = ferry_time_ms();
+    *budget_p -= FERRY_MIN(*budget_p, (size_t)got);
+    if (conn->moved < conn->length)
+        return STEP_AGAIN;
+    if (conn->token != NULL) {
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+    }
+    respond(conn, conn->granted, conn->length);
+    return STEP_AGAIN;
+}
+
+/* Wait for the next request header; pending responses leave as soon as we
+ * would wait. */
+static step_t header_step(ferry_tcp_target_conn_t *conn, unsigned *requests_p)
+{
+    if (conn->got == 0 && atomic_load(&conn->state) != FERRY_TCP_TARGET_BUSY &&
+        !claim(conn, FERRY_TCP_TARGET_IDLE))
+        return STEP_CLOSE; /* evicted */
+    ssize_t got = recv(conn->fd, conn->buf + conn->got, FERRY_TCP_REQUEST_SIZE - conn->got,
+                       MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && conn->got == 0) {
+        if (conn->out_len > conn->out_pos) {
+            start_send(conn, NULL, 0);
+            return STEP_AGAIN;
+        }
+        uint64_t now = ferry_time_ms();
+        conn->idle_since_ms = now;
+        atomic_store(&conn->idle_ms, now);
+        atomic_store(&conn->state, FERRY_TCP_TARGET_IDLE);
+        return STEP_WAIT;
+    }
+    if (got <= 0) {
+        step_t step = io_step(got);
+        if (step == STEP_CLOSE)
+            ferry_debug("tcp: connection ended between requests");
+        return step;
+    }
+    if (conn->got == 0 && conn->tcp->settings.timeout_ms != 0)
+        conn->deadline_ms = ferry_time_ms() + conn->tcp->settings.timeout_ms;
+    conn->got += (size_t)got;
+    if (conn->got < FERRY_TCP_REQUEST_SIZE)
+        return STEP_AGAIN;
+    conn->got = 0;
+    conn->deadline_ms = 0;
+    ++*requests_p;
+    return serve_start(conn);
+}
+
+static void target_event(ferry_tcp_handler_t *handler, uint32_t events)
+{
+    (void)events;
+    ferry_tcp_target_conn_t *conn = (ferry_tcp_target_conn_t *)handler;
+    size_t budget = BUDGET_BYTES;
+    unsigned requests = 0;
+    step_t step = STEP_AGAIN;
+    while (step == STEP_AGAIN && budget > 0 && requests < BUDGET_REQUESTS) {
+        switch (conn->phase) {
+        case FERRY_TCP_PHASE_HELLO: step = hello_step(conn); break;
+        case FERRY_TCP_PHASE_HEADER: step = header_step(conn, &requests); break;
+        case FERRY_TCP_PHASE_PAYLOAD:
+        case FERRY_TCP_PHASE_DRAIN: step = payload_step(conn, &budget); break;
+        case FERRY_TCP_PHASE_SEND: step = send_step(conn, &budget); break;
+        }
+    }
+    if (step == STEP_CLOSE) {
+        target_close(conn);
+        return;
+    }
+    /* The budget spent: EPOLLOUT (a writable socket reports it at once)
+     * brings us back even when nothing more arrives, e.g. with responses
+     * to send.  Waiting for input: EPOLLIN (a SEND waits on EPOLLOUT). */
+    if (step == STEP_AGAIN)
+        set_interest(conn, 1);
+    else if (conn->phase != FERRY_TCP_PHASE_SEND)
+        set_interest(conn, 0);
+}
+
+/* ---------------- timers ---------------- */
+
+void ferry_tcp_target_tick(ferry_tcp_worker_t *worker, uint64_t now)
+{
+    ferry_tcp_t *tcp = worker->tcp;
+    const ferry_tcp_settings_t *settings = &tcp->settings;
+    if (worker->index == 0 && tcp->accept_resume_ms != 0 && now >= tcp->accept_resume_ms) {
+        tcp->accept_resume_ms = 0;
+        ferry_tcp_worker_watch(worker, EPOLL_CTL_MOD, tcp->listen_fd, EPOLLIN,
+                               &tcp->listen_handler);
+    }
+    for (ferry_tcp_target_conn_t *conn = worker->targets, *next; conn != NULL; conn = next) {
+        next = conn->wnext;
+        int close_it = 0;
+        switch (conn->phase) {
+        case FERRY_TCP_PHASE_HELLO:
+            if ((close_it = conn->deadline_ms != 0 && now >= conn->deadline_ms))
+                ferry_debug("tcp: connection closed before its HELLO: %s",
+                            ferry_status_string(FERRY_ERR_TIMEOUT));
+            break;
+        case FERRY_TCP_PHASE_HEADER:
+            if (conn->got > 0) {
+                if ((close_it = conn->deadline_ms != 0 && now >= conn->deadline_ms))
+                    ferry_warn("tcp: a peer did not complete a request header within %u ms; "
+                               "closing", settings->timeout_ms);
+            } else if (atomic_load(&conn->state) == FERRY_TCP_TARGET_IDLE &&
+                       settings->idle_timeout_ms != 0 &&
+                       now - conn->idle_since_ms >= settings->idle_timeout_ms) {
+                ferry_debug("tcp: closing a connection idle for %u ms", settings->idle_timeout_ms);
+                close_it = 1;
             }
-            if (serve_one(conn, hdr, out, &scratch) != FERRY_OK)
-                break;
+            break;
+        default:
+            if ((close_it = settings->timeout_ms != 0 &&
+                            now - conn->progress_ms >= settings->timeout_ms))
+                ferry_warn("tcp: a peer stopped moving data during a %llu-byte %s; closing",
+                           (unsigned long long)conn->length,
+                           conn->op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ");
+            break;
         }
+        if (close_it)
+            target_close(conn);
     }
-    free(out);
-    free(scratch);
-    /* The peer sees EOF now; the fd itself is closed by whoever joins us. */
-    shutdown(conn->fd, SHUT_RDWR);
-    atomic_store(&conn->finished, 1);
-    ssize_t rc = write(tcp->wake_pipe[1], "r", 1); /* full pipe: a wake-up is pending anyway */
-    (void)rc;
-    return NULL;
 }
 
-static void target_conn_free(ferry_tcp_target_conn_t *conn)
-{
-    pthread_join(conn->thread, NULL);
-    close(conn->fd);
-    free(conn);
-}
-
-/* Join the connection threads that have finished (listener thread only). */
-static void reap_finished(ferry_tcp_t *tcp)
-{
-    ferry_tcp_target_conn_t *done = NULL;
-    pthread_mutex_lock(&tcp->target_lock);
-    for (ferry_tcp_target_conn_t **pp = &tcp->target_conns; *pp != NULL;) {
-        ferry_tcp_target_conn_t *conn = *pp;
-        if (atomic_load(&conn->finished)) {
-            *pp = conn->next;
-            conn->next = done;
-            done = conn;
-            tcp->n_target_conns--;
-        } else {
-            pp = &conn->next;
-        }
-    }
-    pthread_mutex_unlock(&tcp->target_lock);
-    while (done != NULL) {
-        ferry_tcp_target_conn_t *next = done->next;
-        target_conn_free(done);
-        done = next;
-    }
-}
+/* ---------------- accepting ---------------- */
 
 /* Full or out of descriptors: say so, but not once per connection attempt. */
 static void warn_refused(ferry_tcp_t *tcp, const char *why)
@@ -429,11 +556,10 @@ static ferry_tcp_target_conn_t **oldest_idle_locked(ferry_tcp_t *tcp,
     return oldest;
 }
 
-/* Room for a connection from source: *victim_p (or NULL) is out of the list
- * and EVICTED, for the caller to close.  0: the caps are reached and nothing
+/* Room for a connection from source; an evicted one is out of the list and
+ * shut down, for its thread to close.  0: the caps are reached and nothing
  * in the way is idle.  target_lock held. */
-static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source,
-                            ferry_tcp_target_conn_t **victim_p)
+static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source)
 {
     size_t same = 0;
     for (ferry_tcp_target_conn_t *conn = tcp->target_conns; conn != NULL; conn = conn->next)
@@ -450,7 +576,7 @@ static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source,
             break;
         ferry_tcp_target_conn_t *conn = *pp;
         if (ferry_net_has_input(conn->fd)) {
-            /* A request (or HELLO) is in, its thread not yet awake: busy in
+            /* A request (or HELLO) is in, its thread not yet at it: busy in
              * all but name, so last in the eviction order. */
             atomic_store(&conn->idle_ms, ferry_time_ms());
             continue;
@@ -459,14 +585,32 @@ static int make_room_locked(ferry_tcp_t *tcp, const ferry_net_source_t *source,
         if (is_evictable(state) &&
             atomic_compare_exchange_strong(&conn->state, &state, FERRY_TCP_TARGET_EVICTED)) {
             *pp = conn->next;
+            conn->linked = 0;
             tcp->n_target_conns--;
-            *victim_p = conn;
+            /* Still under the lock its thread takes before closing the fd. */
+            ferry_debug("tcp: evicting the connection idle longest for a new one");
+            shutdown(conn->fd, SHUT_RDWR);
             return 1;
         }
     }
     warn_refused(tcp, from ? "too many connections from one address, none idle"
                            : "all connections busy");
     return 0;
+}
+
+/* On the connection's thread: it joins that thread's epoll set. */
+static void target_adopt(void *arg)
+{
+    ferry_tcp_target_conn_t *conn = arg;
+    ferry_tcp_worker_t *worker = conn->worker;
+    conn->wnext = worker->targets;
+    if (worker->targets != NULL)
+        worker->targets->wprev = conn;
+    worker->targets = conn;
+    unsigned connect_timeout = conn->tcp->settings.connect_timeout_ms;
+    conn->deadline_ms = connect_timeout ? ferry_time_ms() + connect_timeout : 0;
+    if (ferry_tcp_worker_watch(worker, EPOLL_CTL_ADD, conn->fd, EPOLLIN, &conn->handler) != 0)
+        target_close(conn);
 }
 
 static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
@@ -480,86 +624,60 @@ static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
         close(fd);
         return;
     }
+    conn->handler.on_event = target_event;
     conn->tcp = tcp;
     conn->fd = fd;
+    conn->phase = FERRY_TCP_PHASE_HELLO;
     atomic_init(&conn->state, FERRY_TCP_TARGET_HELLO);
     atomic_init(&conn->idle_ms, ferry_time_ms());
     ferry_net_source_of(addr, &conn->source);
+    conn->worker = ferry_tcp_worker_next(tcp);
 
-    reap_finished(tcp); /* threads that left do not count */
-    ferry_tcp_target_conn_t *victim = NULL;
     pthread_mutex_lock(&tcp->target_lock);
-    int room = make_room_locked(tcp, &conn->source, &victim);
-    pthread_mutex_unlock(&tcp->target_lock);
-    if (victim != NULL) {
-        /* Its thread is in poll() or about to be, holding nothing: it leaves
-         * at once, so joining here holds up accepting for no time. */
-        ferry_debug("tcp: evicting the connection idle longest for a new one");
-        shutdown(victim->fd, SHUT_RDWR);
-        target_conn_free(victim);
+    int room = !tcp->stopping && make_room_locked(tcp, &conn->source);
+    if (room) {
+        conn->next = tcp->target_conns;
+        tcp->target_conns = conn;
+        conn->linked = 1;
+        tcp->n_target_conns++;
     }
+    pthread_mutex_unlock(&tcp->target_lock);
     if (!room) {
         close(fd);
         free(conn);
         return;
     }
-    /* Only this thread adds connections, so the room made is still there. */
-    pthread_mutex_lock(&tcp->target_lock);
-    if (ferry_tcp_thread_start(&conn->thread, FERRY_TCP_TARGET_STACK, target_conn_main, conn) !=
-        FERRY_OK) {
-        pthread_mutex_unlock(&tcp->target_lock);
-        close(fd);
-        free(conn);
-        return;
-    }
-    conn->next = tcp->target_conns;
-    tcp->target_conns = conn;
-    tcp->n_target_conns++;
-    pthread_mutex_unlock(&tcp->target_lock);
+    conn->adopt = (ferry_tcp_task_t){.run = target_adopt, .arg = conn};
+    ferry_tcp_worker_post(conn->worker, &conn->adopt);
 }
 
-static void *listener_main(void *arg)
+static void listen_event(ferry_tcp_handler_t *handler, uint32_t events)
 {
-    ferry_tcp_t *tcp = arg;
-    int backoff = 0;
-    for (;;) {
-        struct pollfd pfd[2] = {{.fd = tcp->wake_pipe[0], .events = POLLIN},
-                                {.fd = tcp->listen_fd, .events = backoff ? 0 : POLLIN}};
-        int rc = poll(pfd, 2, backoff ? 100 : -1);
-        if (rc < 0 && errno != EINTR) {
-            ferry_error("tcp: listener poll: %s", strerror(errno));
-            break;
-        }
-        if (rc == 0)
-            backoff = 0;
-        if (pfd[0].revents & POLLIN) {
-            char buf[64];
-            while (read(tcp->wake_pipe[0], buf, sizeof(buf)) > 0)
-                ;
-            pthread_mutex_lock(&tcp->target_lock);
-            int stopping = tcp->stopping;
-            pthread_mutex_unlock(&tcp->target_lock);
-            if (stopping)
-                break;
-            reap_finished(tcp);
-        }
-        if (!(pfd[1].revents & POLLIN))
-            continue;
+    (void)events;
+    ferry_tcp_t *tcp = (ferry_tcp_t *)((char *)handler - offsetof(ferry_tcp_t, listen_handler));
+    for (int i = 0; i < ACCEPTS_PER_EVENT; i++) {
         struct sockaddr_storage addr;
         socklen_t addrlen = sizeof(addr);
-        int fd = accept4(tcp->listen_fd, (struct sockaddr *)&addr, &addrlen, SOCK_CLOEXEC);
+        int fd = accept4(tcp->listen_fd, (struct sockaddr *)&addr, &addrlen,
+                         SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
             accept_one(tcp, fd, (const struct sockaddr *)&addr);
-        } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            continue;
+        }
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             /* out of descriptors: pause instead of spinning on a readable socket */
-            ferry_error("tcp: accept: %s; pausing accepts for 100 ms", strerror(errno));
-            backoff = 1;
+            ferry_error("tcp: accept: %s; pausing accepts for %d ms", strerror(errno),
+                        ACCEPT_PAUSE_MS);
+            tcp->accept_resume_ms = ferry_time_ms() + ACCEPT_PAUSE_MS;
+            ferry_tcp_worker_watch(&tcp->workers[0], EPOLL_CTL_MOD, tcp->listen_fd, 0,
+                                   &tcp->listen_handler);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
                    errno != ECONNABORTED) {
             ferry_warn("tcp: accept: %s", strerror(errno));
         }
+        if (errno != EINTR && errno != ECONNABORTED)
+            break;
     }
-    return NULL;
 }
 
 ferry_status_t ferry_tcp_target_start(ferry_tcp_t *tcp, const char *host, int *port_p)
@@ -568,48 +686,44 @@ ferry_status_t ferry_tcp_target_start(ferry_tcp_t *tcp, const char *host, int *p
     if (status != FERRY_OK)
         return status;
     fcntl(tcp->listen_fd, F_SETFL, fcntl(tcp->listen_fd, F_GETFL) | O_NONBLOCK);
-    if (pipe2(tcp->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        ferry_error("tcp: pipe: %s", strerror(errno));
-        close(tcp->listen_fd);
-        tcp->listen_fd = -1;
-        tcp->wake_pipe[0] = tcp->wake_pipe[1] = -1;
-        return FERRY_ERR_IO;
-    }
-    status = ferry_tcp_thread_start(&tcp->listener, FERRY_TCP_TARGET_STACK, listener_main, tcp);
-    if (status != FERRY_OK)
-        return status; /* ferry_tcp_target_stop closes the descriptors */
-    tcp->listener_started = 1;
+    tcp->listen_handler.on_event = listen_event;
+    if (ferry_tcp_worker_watch(&tcp->workers[0], EPOLL_CTL_ADD, tcp->listen_fd, EPOLLIN,
+                               &tcp->listen_handler) != 0)
+        return FERRY_ERR_NO_RESOURCE; /* ferry_tcp_target_stop closes the listener */
     return FERRY_OK;
+}
+
+static void listener_close(void *arg)
+{
+    ferry_tcp_t *tcp = arg;
+    if (tcp->listen_fd < 0)
+        return;
+    epoll_ctl(tcp->workers[0].epfd, EPOLL_CTL_DEL, tcp->listen_fd, NULL);
+    close(tcp->listen_fd);
+    tcp->listen_fd = -1;
+}
+
+static void targets_close(void *arg)
+{
+    ferry_tcp_worker_t *worker = arg;
+    while (worker->targets != NULL)
+        target_close(worker->targets);
 }
 
 void ferry_tcp_target_stop(ferry_tcp_t *tcp)
 {
-    if (tcp->listener_started) {
-        pthread_mutex_lock(&tcp->target_lock);
-        tcp->stopping = 1;
-        pthread_mutex_unlock(&tcp->target_lock);
-        ssize_t rc = write(tcp->wake_pipe[1], "s", 1);
-        (void)rc;
-        pthread_join(tcp->listener, NULL);
-        tcp->listener_started = 0;
-    }
-    /* No accepts any more: wake every connection thread, then join them. */
     pthread_mutex_lock(&tcp->target_lock);
-    ferry_tcp_target_conn_t *conns = tcp->target_conns;
-    tcp->target_conns = NULL;
-    tcp->n_target_conns = 0;
+    tcp->stopping = 1;
     pthread_mutex_unlock(&tcp->target_lock);
-    for (ferry_tcp_target_conn_t *conn = conns; conn != NULL; conn = conn->next)
-        shutdown(conn->fd, SHUT_RDWR);
-    while (conns != NULL) {
-        ferry_tcp_target_conn_t *next = conns->next;
-        target_conn_free(conns);
-        conns = next;
+    if (tcp->workers == NULL) {
+        if (tcp->listen_fd >= 0)
+            close(tcp->listen_fd);
+        tcp->listen_fd = -1;
+        return;
     }
-    if (tcp->listen_fd >= 0)
-        close(tcp->listen_fd);
-    for (int i = 0; i < 2; i++)
-        if (tcp->wake_pipe[i] >= 0)
-            close(tcp->wake_pipe[i]);
-    tcp->listen_fd = tcp->wake_pipe[0] = tcp->wake_pipe[1] = -1;
+    /* No accepts any more; then each thread ends its connections (the
+     * adoptions the listener posted ran before: tasks run in order). */
+    ferry_tcp_worker_call(&tcp->workers[0], listener_close, tcp);
+    for (unsigned i = 0; i < tcp->n_workers; i++)
+        ferry_tcp_worker_call(&tcp->workers[i], targets_close, &tcp->workers[i]);
 }
