@@ -346,12 +346,12 @@ typedef struct ferry_ucx_eager_run {
                          first post (a submit of copies into attached memory
                          needs none): the group's payload */
     size_t used;      /* slots used */
-    size_t left;      /* eager messages of the submit not posted yet */
+    size_t left;      /* eager messages of the submit not posted yet (counted
+                         at the first post; a slice goes in
+                         settings.eager_piece pieces) */
     uint64_t open_id; /* the acknowledgement the writes posted so far wait for; 0: none */
 } ferry_ucx_eager_run_t;
-/* Count the submit's eager messages (a slice goes in settings.eager_piece pieces). */
-void ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
-                              const ferry_slice_t *slices);
+#define FERRY_UCX_EAGER_RUN_INIT ((ferry_ucx_eager_run_t){0})
 /* Send the slice as eager writes of the group, one per piece; caller holds
  * ep->lock. */
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,

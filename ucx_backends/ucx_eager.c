@@ -219,13 +219,19 @@ static size_t pieces_of(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice)
     return piece == 0 || slice->length <= piece ? 1 : (slice->length + piece - 1) / piece;
 }
 
-void ferry_ucx_eager_run_init(ferry_ucx_eager_run_t *run, const ferry_ucx_ep_t *ep,
-                              const ferry_slice_t *slices)
+/* The eager messages of the submit from slice on: counted at its first
+ * eager write, not before the submit's loop, so that a submit of copies
+ * into attached memory walks its slices once.  The slices behind the one
+ * being posted are still the caller's chain (the loop relinks only those it
+ * is done with); one that then goes another way only leaves the count high,
+ * and ferry_ucx_eager_run_end asks for the acknowledgement instead. */
+static size_t eager_messages_from(const ferry_ucx_ep_t *ep, const ferry_slice_t *slice)
 {
-    *run = (ferry_ucx_eager_run_t){0};
-    for (const ferry_slice_t *s = slices; ep->rma_emulated && s != NULL; s = s->next)
+    size_t count = 0;
+    for (const ferry_slice_t *s = slice; s != NULL; s = s->next)
         if (ferry_ucx_eager_fits(ep, s))
-            run->left += pieces_of(ep, s);
+            count += pieces_of(ep, s);
+    return count;
 }
 
 /* A new acknowledgement in the worker's table; 0 if out of memory. */
@@ -292,6 +298,7 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t 
                                   const ferry_slice_t *slice)
 {
     if (run->slots == NULL) {
+        run->left = eager_messages_from(group->ep, slice);
         if ((run->slots = malloc((run->left + 1) * sizeof(eager_slot_t))) == NULL) {
             ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY);
             return UCS_ERR_NO_MEMORY;

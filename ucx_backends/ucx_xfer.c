@@ -444,10 +444,6 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         return FERRY_ERR_INVALID_PARAM;
     if (submit_short(ucx, peer, slices))
         return FERRY_OK;
-    for (ferry_slice_t *s = slices; s != NULL; s = s->next)
-        if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
-            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE))
-            return FERRY_ERR_INVALID_PARAM;
     /* A batch's submit to the peer of its last one (a ping-pong's every
      * write) looks nothing up and takes no reference: its cache holds one. */
     ferry_ucx_ep_t *ep = ferry_ucx_ep_lock_cached(peer);
@@ -466,8 +462,7 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
             ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
     }
-    ferry_ucx_eager_run_t eager;
-    ferry_ucx_eager_run_init(&eager, ep, slices);
+    ferry_ucx_eager_run_t eager = FERRY_UCX_EAGER_RUN_INIT;
     if ((ep->n_rkeys > ucx->settings.rkey_cache || atomic_load(&ep->keys_stale)) &&
         atomic_load(&ep->outstanding) == 0) {
         /* Nothing in flight uses one (copies into attached memory count as
@@ -477,9 +472,11 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         atomic_store(&ep->keys_stale, 0);
     }
 
-    /* Three lists out of the caller's: slices to copy here (into memory UCX
-     * attached), slices posted to UCX (the group's), and the rest, which an
-     * error kept from going out. */
+    /* Three lists out of the caller's, in one pass: slices to copy here
+     * (into memory UCX attached), slices posted to UCX (the group's), and
+     * the rest, which an error kept from going out -- a malformed slice
+     * among them: it and those after it fail, those before it went out (a
+     * first one malformed: nothing went out, the submit is refused). */
     direct_copies_t copies;
     direct_copies_init(&copies);
     ferry_ucx_group_t *group = NULL;
@@ -490,6 +487,14 @@ ferry_status_t ferry_ucx_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     int posted = 0, puts = 0;
     for (ferry_slice_t *s = slices, *next; s != NULL; s = next) {
         next = s->next;
+        if (s->length == 0 || s->local == NULL || s->remote_key == NULL ||
+            (s->opcode != FERRY_OP_READ && s->opcode != FERRY_OP_WRITE)) {
+            ferry_error("ucx: a malformed slice (length %zu, opcode %d) to %s", s->length,
+                        (int)s->opcode, ep->name);
+            result = FERRY_ERR_INVALID_PARAM;
+            rest = s;
+            break;
+        }
         if (key == NULL || (s->remote_key != key && strcmp(s->remote_key, key) != 0)) {
             result = ferry_ucx_rkey_find(peer, ep, s->remote_key, &entry);
             if (result != FERRY_OK) {

@@ -433,12 +433,61 @@ static int resolve_as_prev(request_state_t *req, const request_state_t *prev)
     return 1;
 }
 
+/*
+ * The request continues prev's run: the same segment handle, operation and
+ * choice of transport, its target range inside prev's buffer and its local
+ * range inside prev's registered buffer.  It then takes prev's resolution
+ * over as it stands, checked in one place, with its references owed (the
+ * run's first request holds real ones); no lookup, no search, and nothing
+ * stored twice.  0: it does not (or prev has no registry entry to share),
+ * nothing written; resolve's steps decide.
+ */
+static inline int resolve_in_run(const ferry_request_t *in, request_state_t *req,
+                                 const request_state_t *prev, owed_t *owed)
+{
+    const ferry_desc_buffer_t *buffer = prev->buffer;
+    ferry_reg_entry_t *entry = prev->local_entry;
+    /* range_within also rules a zero length or a wrap-around out: both
+     * ranges end inside a buffer that does not wrap. */
+    if (prev->desc == NULL || buffer == NULL || entry == NULL || in->opcode != prev->opcode ||
+        in->transport != NULL || prev->wanted >= 0 || in->local == NULL || in->length == 0 ||
+        !range_within(in->target_offset, in->length, buffer->addr, buffer->length) ||
+        !range_within((uintptr_t)in->local, in->length, entry->addr, entry->length) ||
+        /* As ferry_reg_entry_hold: no new hold once unregister began. */
+        (atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING))
+        return 0;
+    req->batch = prev->batch;
+    atomic_init(&req->error, 0);
+    atomic_init(&req->state, FERRY_XFER_WAITING);
+    req->staged = 0;
+    req->copier = -1;
+    req->slices_made = req->peer_made = 0; /* cut and made at launch, as anew */
+    req->segment = prev->segment;
+    req->opcode = prev->opcode;
+    req->local = in->local;
+    req->remote_addr = in->target_offset;
+    req->length = in->length;
+    req->wanted = -1;
+    req->desc = prev->desc;
+    req->desc_version = prev->desc_version;
+    req->buffer = buffer;
+    req->transport = prev->transport;
+    req->desc_transport = prev->desc_transport;
+    req->local_entry = entry; /* batch->kept_entry is it already: prev's */
+    req->local_accel = prev->local_accel; /* local_memory: the entry's */
+    owe_desc(owed, req->desc);
+    owe_entry(owed, entry);
+    return 1;
+}
+
 /* prev: the request resolved just before in the same submit, or NULL;
  * same_target: in names prev's segment handle again. */
 static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                               request_state_t *req, const request_state_t *prev,
                               int same_target, owed_t *owed)
 {
+    if (same_target && prev != NULL && resolve_in_run(in, req, prev, owed))
+        return FERRY_OK;
     ferry_engine_t *engine = batch->engine;
     /* Field by field (the rest are set below before use), not a memset: a
      * rep stos of the whole state costs more than a small request's resolve
