@@ -243,6 +243,24 @@ note="$note raw pinned H2D $(shown base h2d_pinned), pageable $(shown base h2d_p
 target "host memory into peer GPU" "$(field host_into_peer_gpu RESULT gbps)" 1 50 "$note"
 target "GPU memory over tcp" "$(field tcp_gpu RESULT gbps)" "$(field tcp_host RESULT gbps)" 0.8 \
     "GB/s vs host memory over tcp"
+
+# ---- 5. issue 19 on the 16-core machine: tcp threads to one peer, and
+# threads with 500 peers (the GPU machine is the only one with 16 cores) ----
+say ""
+say "## tcp scaling (issue 19): 4 MiB writes, 1/2/4/8 threads, one peer, default settings"
+if [ "$dry" = 1 ]; then
+    say "# dry run: skipped (it needs 16 cores)"
+elif time_left 90 "tcp scaling"; then
+    here=$(cd "$(dirname "$0")" && pwd)
+    if RUNS=1 SECONDS_PER_RUN=3 sh "$here/bench-tcp-threads.sh" "$build" \
+        > "$logs/tcp-threads.log" 2>&1; then verdict=PASS; else verdict=FAIL; fi
+    tee -a "$output" < "$logs/tcp-threads.log"
+    say "$(printf '%-34s %12s %12s %8s %9s  %s (%s)' "tcp 8 threads to one peer" - - - \
+        ">= 25" "$verdict" "GB/s absolute, bench-tcp-threads.sh")"
+    if time_left 60 "tcp 500 peers" && make -C "$build" tcp_fanout > /dev/null 2>&1; then
+        RUNS=1 sh "$here/bench-tcp-fanout.sh" "$build" 500 2>&1 | tee -a "$output"
+    fi
+fi
 say ""
 say "# also: raw IPC 4 MiB with 16 in flight $(shown base ipc_4m_16_in_flight) GB/s," \
     "d2d 1 GiB $(shown base d2d_1g) GB/s, d2d 4 MiB $(shown base d2d_4m) GB/s," \
