@@ -18,7 +18,8 @@
  *
  * Names: "rank:N" is the oldest segment rank N of this job still publishes
  * (the default name of a process's first engine is its own "rank:N").  Any
- * other name is found in the ranks' snapshots (and remembered per store).
+ * other name is found in the ranks' snapshots; every name of a snapshot
+ * read is remembered for the process (hashed), so later opens ask one rank.
  * A rank or name not published yet is waited for, up to FERRY_PMIX_TIMEOUT.
  *
  * PMIx is per process: PMIx_Init and PMIx_Finalize nest (MPI's own included),
@@ -41,6 +42,7 @@
 #define KEY_FORMAT "ferry.v%" PRIu64
 #define RANK_PREFIX "rank:"
 #define NAME_MAX_LEN 1024
+#define NAME_BUCKETS 1024 /* names remembered: every engine's of a job, in the worst case */
 #define POLL_MIN_MS 10
 #define POLL_MAX_MS 200
 
@@ -59,14 +61,18 @@ typedef struct pmix_store {
     pmix_settings_t settings;
     pmix_proc_t me;
     uint32_t job_size;
-    pthread_mutex_t cache_lock; /* newest, cached */
+    pthread_mutex_t cache_lock; /* newest */
     uint64_t *newest;           /* [job_size]: newest snapshot seen of each rank */
-    struct rank_of {
-        char *name;
-        pmix_rank_t rank;
-        struct rank_of *next;
-    } *cached;                  /* where names were found */
 } pmix_store_t;
+
+/* Where names were found, hashed: one job per process (PMIx is per
+ * process), so every engine of it shares what any of them read. */
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rank_of {
+    char *name;
+    pmix_rank_t rank;
+    struct rank_of *next;
+} *names[NAME_BUCKETS];
 
 /* This process's published segments, oldest first, and its snapshot count. */
 static pthread_mutex_t published_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -250,56 +256,83 @@ static ferry_status_t newest_snapshot(pmix_store_t *store, pmix_rank_t rank, cha
     return FERRY_OK;
 }
 
+/* One entry of a snapshot: its name and descriptor, pointers into the text. */
+typedef struct snapshot_entry {
+    const char *name, *descriptor;
+    size_t name_length, descriptor_length;
+} snapshot_entry_t;
+
+/* The entry at *p, and *p moved past it.  0 at the end or on a malformed
+ * entry (*status_p FERRY_ERR_DECODE, logged). */
+static int snapshot_next(const char **p, snapshot_entry_t *entry, ferry_status_t *status_p)
+{
+    if (**p == '\0')
+        return 0;
+    size_t n = strcspn(*p, "\n");
+    const char *descriptor = *p + n + ((*p)[n] == '\n');
+    size_t d = strcspn(descriptor, "\n");
+    if (descriptor[0] == '=') {
+        /* "=<hex length>:<bytes>": bytes that hold newlines */
+        char *end;
+        unsigned long long length = strtoull(descriptor + 1, &end, 16);
+        if (*end != ':' || length > strlen(end + 1)) {
+            ferry_error("pmix: a snapshot holds a malformed descriptor");
+            *status_p = FERRY_ERR_DECODE;
+            return 0;
+        }
+        descriptor = end + 1;
+        d = (size_t)length;
+    }
+    *entry = (snapshot_entry_t){.name = *p, .name_length = n, .descriptor = descriptor,
+                                .descriptor_length = d};
+    *p = descriptor + d + (descriptor[d] == '\n');
+    return 1;
+}
+
 /* The descriptor of name in a snapshot (name NULL: the first), malloc-ed,
  * or NULL (with *status_p set). */
 static char *snapshot_find(const char *text, const char *name, ferry_status_t *status_p)
 {
     *status_p = FERRY_ERR_SEGMENT_NOT_FOUND;
-    for (const char *p = text; *p;) {
-        size_t n = strcspn(p, "\n");
-        const char *descriptor = p + n + (p[n] == '\n');
-        size_t d = strcspn(descriptor, "\n");
-        if (descriptor[0] == '=') {
-            /* "=<hex length>:<bytes>": bytes that hold newlines */
-            char *end;
-            unsigned long long length = strtoull(descriptor + 1, &end, 16);
-            if (*end != ':' || length > strlen(end + 1)) {
-                ferry_error("pmix: a snapshot holds a malformed descriptor");
-                *status_p = FERRY_ERR_DECODE;
-                return NULL;
-            }
-            descriptor = end + 1;
-            d = (size_t)length;
-        }
-        if (name == NULL || (strlen(name) == n && strncmp(p, name, n) == 0)) {
-            char *copy = strndup(descriptor, d);
+    snapshot_entry_t entry;
+    for (const char *p = text; snapshot_next(&p, &entry, status_p);) {
+        if (name == NULL ||
+            (strlen(name) == entry.name_length && strncmp(entry.name, name, entry.name_length) == 0)) {
+            char *copy = strndup(entry.descriptor, entry.descriptor_length);
             *status_p = copy ? FERRY_OK : FERRY_ERR_NO_MEMORY;
             return copy;
         }
-        p = descriptor + d + (descriptor[d] == '\n');
     }
     return NULL;
 }
 
 /* ---- name -> rank ---- */
 
-static int cache_find(pmix_store_t *store, const char *name, pmix_rank_t *rank_p)
+static struct rank_of **cache_bucket(const char *name)
+{
+    uint32_t hash = 2166136261u; /* FNV-1a */
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        hash = (hash ^ *c) * 16777619u;
+    return &names[hash % NAME_BUCKETS];
+}
+
+static int cache_find(const char *name, pmix_rank_t *rank_p)
 {
     int found = 0;
-    pthread_mutex_lock(&store->cache_lock);
-    for (struct rank_of *r = store->cached; r && !found; r = r->next)
+    pthread_mutex_lock(&names_lock);
+    for (struct rank_of *r = *cache_bucket(name); r && !found; r = r->next)
         if (strcmp(r->name, name) == 0) {
             *rank_p = r->rank;
             found = 1;
         }
-    pthread_mutex_unlock(&store->cache_lock);
+    pthread_mutex_unlock(&names_lock);
     return found;
 }
 
-static void cache_set(pmix_store_t *store, const char *name, pmix_rank_t rank)
+static void cache_set(const char *name, pmix_rank_t rank)
 {
-    pthread_mutex_lock(&store->cache_lock);
-    struct rank_of **link = &store->cached;
+    pthread_mutex_lock(&names_lock);
+    struct rank_of **link = cache_bucket(name);
     while (*link && strcmp((*link)->name, name) != 0)
         link = &(*link)->next;
     if (*link == NULL && (*link = calloc(1, sizeof(**link))) != NULL &&
@@ -309,7 +342,24 @@ static void cache_set(pmix_store_t *store, const char *name, pmix_rank_t rank)
     }
     if (*link)
         (*link)->rank = rank;
-    pthread_mutex_unlock(&store->cache_lock);
+    pthread_mutex_unlock(&names_lock);
+}
+
+/* Where every name of a rank's snapshot is, read on the way while looking
+ * for another: a later open of one of them asks that rank alone, so an
+ * all-to-all of named engines scans the ranks about once per process, not
+ * once per open. */
+static void cache_snapshot_names(const char *text, pmix_rank_t rank)
+{
+    ferry_status_t status;
+    snapshot_entry_t entry;
+    char name[NAME_MAX_LEN + 1];
+    for (const char *p = text; snapshot_next(&p, &entry, &status);)
+        if (entry.name_length <= NAME_MAX_LEN) {
+            memcpy(name, entry.name, entry.name_length);
+            name[entry.name_length] = '\0';
+            cache_set(name, rank);
+        }
 }
 
 /*
@@ -340,7 +390,7 @@ static ferry_status_t fetch_once(pmix_store_t *store, const char *name, char **d
         free(text);
         return status;
     }
-    if (cache_find(store, name, &rank)) {
+    if (cache_find(name, &rank)) {
         status = newest_snapshot(store, rank, &text);
         if (status != FERRY_OK)
             return status;
@@ -356,10 +406,12 @@ static ferry_status_t fetch_once(pmix_store_t *store, const char *name, char **d
         if (status != FERRY_OK)
             return status;
         *descriptor_p = snapshot_find(text, name, &status);
+        if (status == FERRY_ERR_SEGMENT_NOT_FOUND)
+            cache_snapshot_names(text, rank);
         free(text);
         if (status != FERRY_ERR_SEGMENT_NOT_FOUND) {
             if (status == FERRY_OK)
-                cache_set(store, name, rank);
+                cache_set(name, rank);
             return status;
         }
     }
@@ -469,11 +521,6 @@ static ferry_status_t pmix_default_name(void *ctx, char **name_p)
 
 static void store_free(pmix_store_t *store)
 {
-    for (struct rank_of *r = store->cached, *next; r; r = next) {
-        next = r->next;
-        free(r->name);
-        free(r);
-    }
     free(store->newest);
     pthread_mutex_destroy(&store->cache_lock);
     ferry_settings_release(pmix_settings, ARRAY_SIZE(pmix_settings), &store->settings);
