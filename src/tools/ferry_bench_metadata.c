@@ -25,6 +25,7 @@
  * Reported as median, 99th percentile and mean in microseconds.
  */
 #include "ferry_bench.h"
+#include "tool_args.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -173,7 +174,6 @@ static int parse(int argc, char **argv, md_options_t *o)
     };
     *o = (md_options_t){.iterations = 200, .registrations = 1000, .small = 1};
     int opt;
-    char *end;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
@@ -181,22 +181,19 @@ static int parse(int argc, char **argv, md_options_t *o)
         case 'm': o->metadata = optarg; break;
         case 'T': o->transport = optarg; break;
         case 'i':
-            o->iterations = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->iterations == 0 || o->iterations > 1000000) {
+            if (ferry_tool_parse_count(optarg, 1, 1000000, &o->iterations)) {
                 fprintf(stderr, "ferry_bench: --iterations is 1..1000000\n");
                 return -1;
             }
             break;
         case 'r':
-            o->registrations = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->registrations == 0 || o->registrations > 1000000) {
+            if (ferry_tool_parse_count(optarg, 1, 1000000, &o->registrations)) {
                 fprintf(stderr, "ferry_bench: --registrations is 1..1000000\n");
                 return -1;
             }
             break;
         case 's':
-            o->small = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->small == 0 || o->small > 1000000) {
+            if (ferry_tool_parse_count(optarg, 1, 1000000, &o->small)) {
                 fprintf(stderr, "ferry_bench: --small is 1..1000000\n");
                 return -1;
             }

@@ -106,8 +106,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
                 o->remote_memory = optarg;
             break;
         case 'W':
-            o->window = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->window == 0 || o->window > 1024) {
+            if (ferry_tool_parse_count(optarg, 1, 1024, &o->window)) {
                 fprintf(stderr, "ferry_bench: --window is 1..1024\n");
                 return -1;
             }
@@ -138,8 +137,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
             }
             break;
         case 't':
-            o->threads = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || o->threads == 0 || o->threads > 256) {
+            if (ferry_tool_parse_count(optarg, 1, 256, &o->threads)) {
                 fprintf(stderr, "ferry_bench: --threads is 1..256\n");
                 return -1;
             }

@@ -495,16 +495,6 @@ static void usage(FILE *out)
             "The last line, RESULT key=value ..., is for scripts (contrib/bench-scale.sh).\n");
 }
 
-static int parse_count(const char *text, int *value_p)
-{
-    char *end;
-    long value = strtol(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || value < 1 || value > 65536)
-        return -1;
-    *value_p = (int)value;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     options_t opts = {.processes = 4, .engines = 0, .slot = 64, .timeout_s = 120};
@@ -514,20 +504,23 @@ int main(int argc, char **argv)
         {"transports", required_argument, NULL, 't'}, {"timeout", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
-    int c, timeout;
+    int c;
+    unsigned count;
     while ((c = getopt_long(argc, argv, "p:e:s:m:t:T:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'p':
-            if (parse_count(optarg, &opts.processes) != 0) {
+            if (ferry_tool_parse_count(optarg, 1, 65536, &count) != 0) {
                 fprintf(stderr, "ferry_bench_scale: -p takes 1..65536\n");
                 return 2;
             }
+            opts.processes = (int)count;
             break;
         case 'e':
-            if (parse_count(optarg, &opts.engines) != 0) {
+            if (ferry_tool_parse_count(optarg, 1, 65536, &count) != 0) {
                 fprintf(stderr, "ferry_bench_scale: -e takes 1..65536\n");
                 return 2;
             }
+            opts.engines = (int)count;
             break;
         case 's':
             if (ferry_tool_parse_size(optarg, &opts.slot) != 0 || opts.slot == 0 ||
@@ -539,11 +532,10 @@ int main(int argc, char **argv)
         case 'm': opts.metadata = optarg; break;
         case 't': opts.transports = optarg; break;
         case 'T':
-            if (parse_count(optarg, &timeout) != 0) {
+            if (ferry_tool_parse_count(optarg, 1, 65536, &opts.timeout_s) != 0) {
                 fprintf(stderr, "ferry_bench_scale: -T takes 1..65536 seconds\n");
                 return 2;
             }
-            opts.timeout_s = (unsigned)timeout;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

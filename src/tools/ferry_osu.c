@@ -103,17 +103,6 @@ static int parse_size(const char *text, size_t *value_p)
     return 0;
 }
 
-static int parse_count(const char *text, unsigned *value_p, unsigned min)
-{
-    char *end;
-    errno = 0;
-    unsigned long value = strtoul(text, &end, 10);
-    if (end == text || *end != '\0' || errno || *text == '-' || value < min || value > 1u << 30)
-        return -1;
-    *value_p = (unsigned)value;
-    return 0;
-}
-
 /* 0: run; 1: exit 0 (help); -1: bad usage (said why). */
 static int parse_options(int argc, char **argv, options_t *o)
 {
@@ -160,17 +149,18 @@ static int parse_options(int argc, char **argv, options_t *o)
             break;
         }
         case 'x':
-            if (parse_count(optarg, &o->skip, 0))
+            if (ferry_tool_parse_count(optarg, 0, 1u << 30, &o->skip))
                 goto err_count;
             o->skip_large = o->skip;
             break;
         case 'i':
-            if (parse_count(optarg, &o->iterations, 1))
+            if (ferry_tool_parse_count(optarg, 1, 1u << 30, &o->iterations))
                 goto err_count;
             o->iterations_large = o->iterations;
             break;
         case 'W':
-            if (test->kind == LATENCY || parse_count(optarg, &o->window, 1))
+            if (test->kind == LATENCY ||
+                ferry_tool_parse_count(optarg, 1, 1u << 30, &o->window))
                 goto err_count;
             break;
         case 'd':

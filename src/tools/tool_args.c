@@ -23,3 +23,15 @@ int ferry_tool_parse_size(const char *text, size_t *value_p)
     *value_p = (size_t)(value << shift);
     return 0;
 }
+
+int ferry_tool_parse_count(const char *text, unsigned min, unsigned max, unsigned *value_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (end == text || *end != '\0' || errno != 0 || *text == '-' || value < min ||
+        value > max)
+        return -1;
+    *value_p = (unsigned)value;
+    return 0;
+}
