@@ -100,6 +100,7 @@ typedef struct ferry_ofi_peer {
     uint64_t generation;
     long pid;             /* same kernel and pid namespace, else 0 */
     unsigned long long start_time;
+    int pidfd;            /* pidfd_open(pid), or -1 */
     atomic_uint refs;
     atomic_uint_fast64_t checked_ms; /* last liveness look (same-host peers) */
 
@@ -144,6 +145,8 @@ struct ferry_ofi {
     uint64_t write_flags;    /* FI_DELIVERY_COMPLETE or FI_TRANSMIT_COMPLETE */
     struct fi_info *info;    /* the provider in use */
     int software;            /* a software provider (tcp, shm, ...) */
+    int silent_deaths;       /* a dead peer gives no CQ error (shm): the sweep
+                                looks a same-host peer up in /proc */
     int mr_mode;             /* info->domain_attr->mr_mode */
     int hmem;                /* FI_HMEM asked and offered */
     unsigned window;         /* min(settings.window, tx_attr->size) */
@@ -223,6 +226,8 @@ void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op);
 ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
                                   ferry_ofi_peer_t **p_p);
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p);
+/* Whether the peer's process is gone (same-host peers only; see ofi_peer.c). */
+int ferry_ofi_peer_dead(ferry_ofi_peer_t *p);
 /* Mark failed (first status wins), close the endpoint, fail its ops. */
 void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what);
 int ferry_ofi_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key);

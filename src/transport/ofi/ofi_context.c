@@ -157,6 +157,7 @@ static ferry_status_t choose_provider(ferry_ofi_t *ofi)
     ofi->hmem = (ofi->info->caps & FI_HMEM) != 0;
     ofi->mr_mode = ofi->info->domain_attr->mr_mode;
     ofi->software = ferry_ofi_provider_is_software(ofi->info->fabric_attr->prov_name);
+    ofi->silent_deaths = strcmp(ofi->info->fabric_attr->prov_name, "shm") == 0;
     size_t tx = ofi->info->tx_attr->size;
     ofi->window = tx != 0 && tx < ofi->settings.window ? (unsigned)tx : ofi->settings.window;
     return FERRY_OK;

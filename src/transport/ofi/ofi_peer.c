@@ -13,9 +13,12 @@
  */
 #include "ofi.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* Parse "ofi1:<provider>:<identity>:<address hex>"; the provider must be
  * ours.  Returns the address bytes (malloc-ed), or NULL. */
@@ -90,6 +93,8 @@ err:
 static void peer_free(ferry_ofi_peer_t *p)
 {
     close_endpoint(p);
+    if (p->pidfd >= 0)
+        close(p->pidfd);
     pthread_rwlock_destroy(&p->ep_lock);
     pthread_mutex_destroy(&p->lock);
     free(p->endpoint);
@@ -113,12 +118,17 @@ static ferry_ofi_peer_t *table_find(ferry_ofi_t *ofi, const char *endpoint)
     return NULL;
 }
 
-/* A same-host peer whose process is gone: fail it before anything is
- * posted, so that the engine refreshes and reaches its next incarnation. */
-static int gone(ferry_ofi_peer_t *p)
+/* Whether a same-host peer's process is gone.  Through its pidfd (one
+ * poll, cheap enough before every post: see ferry_ofi_peer_dead's use in
+ * ofi_xfer.c), else a look in /proc at most every FERRY_OFI_LIVENESS_MS. */
+int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 {
     if (p->pid == 0)
         return 0;
+    if (p->pidfd >= 0) {
+        struct pollfd fd = {.fd = p->pidfd, .events = POLLIN};
+        return poll(&fd, 1, 0) > 0;
+    }
     uint64_t now = ferry_ofi_time_ms();
     uint64_t checked = atomic_load_explicit(&p->checked_ms, memory_order_relaxed);
     if (now - checked < FERRY_OFI_LIVENESS_MS)
@@ -132,7 +142,7 @@ static ferry_status_t peer_state(ferry_ofi_peer_t *p)
     pthread_mutex_lock(&p->lock);
     ferry_status_t status = p->state == FERRY_OFI_PEER_OK ? FERRY_OK : FERRY_ERR_PEER_FAILED;
     pthread_mutex_unlock(&p->lock);
-    if (status == FERRY_OK && gone(p)) {
+    if (status == FERRY_OK && ferry_ofi_peer_dead(p)) {
         ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
         status = FERRY_ERR_PEER_FAILED;
     }
@@ -183,6 +193,9 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     atomic_init(&fresh->refs, 2); /* the table's and the caller's */
     pthread_rwlock_init(&fresh->ep_lock, NULL);
     pthread_mutex_init(&fresh->lock, NULL);
+    /* The pidfd names the process itself: opened, then the start time
+     * checked, it cannot name a stranger that reused the pid. */
+    fresh->pidfd = fresh->pid != 0 ? (int)syscall(SYS_pidfd_open, (pid_t)fresh->pid, 0) : -1;
     if (fresh->pid != 0 && !ferry_process_alive(fresh->pid, fresh->start_time)) {
         free(address);
         peer_free(fresh);
@@ -313,8 +326,11 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
         int late = p->state == FERRY_OFI_PEER_OK && p->posted != 0 &&
                    now > p->last_activity_ms + ofi->settings.timeout_ms;
         pthread_mutex_unlock(&p->lock);
-        if (!late && gone(p)) {
-            /* shm: a killed peer leaves no error entry, only silence */
+        if (!late && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
+            /* shm: a killed peer leaves no error entry, only silence.
+             * Not on tcp;ofi_rxm, whose reset reports it: closing an rxm
+             * endpoint while rxm has not yet seen its connection reset
+             * crashed libfabric 1.17 (1 run in 5, README.md, "Faults"). */
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
         } else if (late) {
             char what[96];

@@ -251,6 +251,18 @@ static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_of
             pthread_rwlock_unlock(&p->ep_lock);
             return state;
         }
+        /* shm (libfabric 1.17) spins on a lock inside the peer's region to
+         * post: a peer killed while it held that lock hangs the post for
+         * good.  A look at its pidfd first narrows that to a peer that dies
+         * in the microseconds between the look and the post. */
+        if (room && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
+            pthread_mutex_lock(&p->lock);
+            op_unlink_locked(p, op);
+            pthread_mutex_unlock(&p->lock);
+            pthread_rwlock_unlock(&p->ep_lock);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+            continue;
+        }
         int ret = room ? post(ofi, p, op, key) : -FI_EAGAIN;
         if (ret != 0 && room) {
             pthread_mutex_lock(&p->lock);
