@@ -39,9 +39,44 @@ static void *parse_endpoint(const ferry_ofi_t *ofi, const char *endpoint, long *
     return ferry_ofi_hex_decode(hex, strlen(hex), length_p);
 }
 
-static void close_endpoint(ferry_ofi_peer_t *p)
+/* Whether closing the peer's endpoint now is safe.  libfabric 1.17's
+ * tcp;ofi_rxm crashed (1 run in 5) in fi_close of an endpoint with reads
+ * posted to a peer that stopped answering without the provider noticing
+ * (frozen, or killed before it saw the reset): such an endpoint is parked
+ * instead, never progressed again (data progress is manual, so the
+ * provider touches our buffers only inside our calls) and never closed
+ * (README.md, "Faults"). */
+static int must_park(ferry_ofi_peer_t *p, int provider_saw_it)
 {
+    if (provider_saw_it || !p->ofi->park_on_silence)
+        return 0;
+    int reads = 0;
+    pthread_mutex_lock(&p->lock);
+    for (ferry_ofi_op_t *op = p->ops; op != NULL && !reads; op = op->next)
+        reads = op->slice->opcode == FERRY_OP_READ;
+    pthread_mutex_unlock(&p->lock);
+    return reads;
+}
+
+static void close_endpoint(ferry_ofi_peer_t *p, int provider_saw_it)
+{
+    int park = must_park(p, provider_saw_it);
     pthread_rwlock_wrlock(&p->ep_lock);
+    if (park && p->ep != NULL) {
+        ferry_ofi_parked_t *parked = calloc(1, sizeof(*parked));
+        if (parked != NULL) {
+            *parked = (ferry_ofi_parked_t){.ep = p->ep, .cq = p->cq, .av = p->av};
+            pthread_mutex_lock(&p->ofi->lock);
+            parked->next = p->ofi->parked;
+            p->ofi->parked = parked;
+            pthread_mutex_unlock(&p->ofi->lock);
+            ferry_warn("ofi: the endpoint to %.80s is parked, not closed (reads were posted; "
+                       "libfabric 1.17's rxm may crash closing it)", p->endpoint);
+            p->ep = NULL;
+            p->av = NULL;
+            p->cq = NULL;
+        }
+    }
     struct fid *fids[] = {p->ep ? &p->ep->fid : NULL, p->av ? &p->av->fid : NULL,
                           p->cq ? &p->cq->fid : NULL};
     for (size_t i = 0; i < FERRY_OFI_ARRAY_SIZE(fids); i++) {
@@ -86,13 +121,13 @@ static ferry_status_t open_endpoint(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, const
     return FERRY_OK;
 err:
     ferry_error("ofi: %s (endpoint to %s): %s", step, p->endpoint, fi_strerror(-ret));
-    close_endpoint(p);
+    close_endpoint(p, 1);
     return FERRY_ERR_CONNECT;
 }
 
 static void peer_free(ferry_ofi_peer_t *p)
 {
-    close_endpoint(p);
+    close_endpoint(p, 1); /* already closed or parked, unless it never had ops */
     if (p->pidfd >= 0)
         close(p->pidfd);
     pthread_rwlock_destroy(&p->ep_lock);
@@ -105,7 +140,7 @@ void ferry_ofi_peer_put(ferry_ofi_peer_t *p)
 {
     if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
         /* nobody can post any more: what is still posted fails with the close */
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "closed");
+        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "closed", 0);
         peer_free(p);
     }
 }
@@ -143,7 +178,7 @@ static ferry_status_t peer_state(ferry_ofi_peer_t *p)
     ferry_status_t status = p->state == FERRY_OFI_PEER_OK ? FERRY_OK : FERRY_ERR_PEER_FAILED;
     pthread_mutex_unlock(&p->lock);
     if (status == FERRY_OK && ferry_ofi_peer_dead(p)) {
-        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         status = FERRY_ERR_PEER_FAILED;
     }
     return status;
@@ -229,7 +264,8 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     return FERRY_OK;
 }
 
-void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what)
+void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
+                         int provider_saw_it)
 {
     pthread_mutex_lock(&p->lock);
     int first = p->state == FERRY_OFI_PEER_OK;
@@ -242,9 +278,9 @@ void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *wh
     if (first && why != FERRY_ERR_CANCELED)
         ferry_warn("ofi: peer %.80s failed (%s); %u operations posted fail", p->endpoint, what,
                    posted);
-    /* Closing is what stops the provider from touching our buffers; then
-     * nothing can complete the ops the close caught, so they fail here. */
-    close_endpoint(p);
+    /* Closing (or parking) is what stops the provider from touching our
+     * buffers; then nothing can complete the ops it caught: they fail here. */
+    close_endpoint(p, provider_saw_it);
     ferry_ofi_op_t *op;
     while ((op = ferry_ofi_op_pop(p)) != NULL)
         ferry_ofi_op_complete(op, p->why);
@@ -331,11 +367,11 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
              * Not on tcp;ofi_rxm, whose reset reports it: closing an rxm
              * endpoint while rxm has not yet seen its connection reset
              * crashed libfabric 1.17 (1 run in 5, README.md, "Faults"). */
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         } else if (late) {
             char what[96];
             snprintf(what, sizeof(what), "no completion for %u ms", ofi->settings.timeout_ms);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
         }
         ferry_ofi_peer_put(p);
     }
@@ -352,7 +388,7 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi)
         ferry_ofi_peer_t *p = list;
         list = p->next;
         p->next = NULL;
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "engine stops");
+        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "engine stops", 0);
         ferry_ofi_peer_put(p);
     }
 }

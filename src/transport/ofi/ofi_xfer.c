@@ -138,7 +138,7 @@ unsigned ferry_ofi_peer_progress(ferry_ofi_peer_t *p)
         int link = failed_status == FERRY_ERR_PEER_FAILED;
         ferry_ofi_op_complete(failed, failed_status);
         if (link)
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, message);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, message, 1);
         count++;
     }
     return count;
@@ -260,7 +260,7 @@ static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_of
             op_unlink_locked(p, op);
             pthread_mutex_unlock(&p->lock);
             pthread_rwlock_unlock(&p->ep_lock);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
             continue;
         }
         int ret = room ? post(ofi, p, op, key) : -FI_EAGAIN;
@@ -295,7 +295,7 @@ static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_of
         } else if (now - waiting_since > bound) {
             char what[96];
             snprintf(what, sizeof(what), "its queue stayed full for %u ms", bound);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
         }
         sched_yield();
     }
