@@ -265,10 +265,19 @@ void ferry_ofi_progress_leave(void *ctx)
         ferry_debug("ofi: wake: %s", strerror(errno));
 }
 
-static void nap_us(unsigned us)
+/* Nap up to us microseconds, or until progress_leave or a submit writes
+ * the eventfd. */
+static void wait_wake(ferry_ofi_t *ofi, unsigned us)
 {
-    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    struct pollfd fd = {.fd = ofi->wake_fd, .events = POLLIN};
+    struct timespec timeout = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
+    atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
+    if (ppoll(&fd, 1, &timeout, NULL) > 0) {
+        uint64_t count;
+        if (read(ofi->wake_fd, &count, sizeof(count)) < 0)
+            count = 0;
+    }
+    atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
 }
 
 /* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
@@ -298,7 +307,7 @@ static void sleep_idle(ferry_ofi_t *ofi, int timeout_ms)
     }
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
     if (ofi->target_fd < 0)
-        nap_us(ofi->settings.nap_us);
+        wait_wake(ofi, ofi->settings.nap_us);
 }
 
 /* Polls while ops are posted (manual progress: on tcp;ofi_rxm the reads of
@@ -318,11 +327,12 @@ static void *progress_thread(void *arg)
             last_sweep = now;
         }
         uint64_t polls = atomic_load_explicit(&ofi->caller_polls, memory_order_relaxed);
-        if (polls != seen_polls && !ofi->poll_mode) {
-            /* a caller polls: nap, growing, until it stops */
+        if (polls != seen_polls) {
+            /* a caller polls: nap, growing, until it stops; its
+             * progress_leave (it goes to sleep) ends the nap at once */
             seen_polls = polls;
             off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
-            nap_us(off_us);
+            wait_wake(ofi, off_us);
             continue;
         }
         off_us = 0;
