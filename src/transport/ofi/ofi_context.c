@@ -12,6 +12,7 @@
  */
 #include "ofi.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -411,20 +412,40 @@ static struct {
     ferry_ofi_parked_t *parked;
 } kept = {PTHREAD_MUTEX_INITIALIZER, NULL};
 
+/* The engine unloads the module after destroy; kept (and what it holds)
+ * must stay mapped and reachable, for the provider's sake and so that
+ * LeakSanitizer sees the parked endpoints as held, not lost. */
+static void pin_module(void)
+{
+    Dl_info self;
+    if (dladdr((void *)&kept, &self) == 0 || self.dli_fname == NULL ||
+        dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
+        ferry_warn("ofi: cannot keep the module loaded for its parked endpoints");
+}
+
 void ferry_ofi_context_close(ferry_ofi_t *ofi)
 {
     if (ofi->parked != NULL) {
         ferry_warn("ofi: endpoints parked after a peer stopped answering: the domain stays "
                    "open");
+        pin_module();
         pthread_mutex_lock(&kept.lock);
         ferry_ofi_parked_t *last = ofi->parked;
         while (last->next != NULL)
             last = last->next;
         last->next = kept.parked;
         kept.parked = ofi->parked;
+        /* the target endpoint and the domain stay open with them: kept too */
+        ferry_ofi_parked_t *own = calloc(1, sizeof(*own));
+        if (own != NULL) {
+            *own = (ferry_ofi_parked_t){.ep = ofi->target_ep, .cq = ofi->target_cq,
+                                        .av = ofi->target_av, .domain = ofi->domain,
+                                        .fabric = ofi->fabric, .next = kept.parked};
+            kept.parked = own;
+        }
         pthread_mutex_unlock(&kept.lock);
         ofi->parked = NULL;
-        ofi->target_ep = NULL; /* their domain's children, left open with it */
+        ofi->target_ep = NULL;
         ofi->target_av = NULL;
         ofi->target_cq = NULL;
         ofi->domain = NULL;
