@@ -50,6 +50,14 @@ typedef struct request_run {
     int wanted;                        /* the requests' own transport, -1: none */
     int copier;                        /* counted in at segment (epoch), -1: not */
     int peer_made;                     /* peer: made at the run's first launch */
+    /* Each request of the run is one slice, cut while it was resolved and
+     * chained from head to tail (cut_slices): launch hands the chain over
+     * as it is.  0: launch cuts them. */
+    int cut;
+    size_t cut_max;                    /* the longest request cut so */
+    const char *remote_key;            /* what each cut slice has: the buffer's key */
+    void *local_memh;                  /* and the local entry's handle */
+    ferry_slice_t *head, *tail;
     ferry_reg_entry_t *local_entry;    /* NULL: unregistered local memory */
     /* The local buffer is device memory of this vendor (NULL: host).  When
      * the transport takes host memory only, each slice goes through a
@@ -470,6 +478,77 @@ static int resolve_as_prev(request_run_t *run, const request_state_t *req,
     return 1;
 }
 
+/* The request's one slice, the slot's own storage (no allocation), cut
+ * for the run's resolution and local entry (slices_made). */
+static inline void slice_cut_one(request_state_t *req, const request_run_t *run)
+{
+    ferry_slice_t *slice = &req->one_slice;
+    slice->opcode = run->opcode;
+    slice->local = req->local;
+    slice->remote_addr = req->remote_addr;
+    slice->length = req->length;
+    slice->remote_key = run->remote_key;
+    slice->local_memh = run->local_memh;
+    slice->local_device = run->local_accel != NULL;
+    slice->owner = req;
+    slice->next = NULL;
+    req->slices = slice;
+    req->n_slices = 1;
+    req->slices_entry = run->local_entry;
+    req->slices_made = 1;
+    atomic_store_explicit(&req->slices_left, 1, memory_order_relaxed);
+}
+
+/* What a run's slices share, read once per run at launch. */
+typedef struct slice_plan {
+    int staged;        /* the local buffer is device memory the transport does not take */
+    size_t slice_size; /* the transport's, 0: no slicing */
+    const char *remote_key;
+    void *local_memh;
+} slice_plan_t;
+
+/* Whether the run's local buffer is device memory its transport does not
+ * take (it is staged). */
+static int needs_staging(const ferry_engine_t *engine, const request_run_t *run)
+{
+    if (run->local_accel == NULL)
+        return 0;
+    unsigned takes = engine->transports[run->transport].local_device;
+    for (size_t a = 0; a < engine->n_accel; a++)
+        if (engine->accel[a] == run->local_accel)
+            return (takes & (1u << a)) == 0;
+    return 1;
+}
+
+static void slice_plan_of(const ferry_engine_t *engine, const request_run_t *run,
+                          slice_plan_t *plan)
+{
+    plan->staged = needs_staging(engine, run);
+    plan->slice_size = engine->transports[run->transport].slice_size;
+    plan->remote_key = run->buffer->keys[run->desc_transport];
+    plan->local_memh = run->local_entry ? run->local_entry->memh[run->transport] : NULL;
+}
+
+/* A run to a transport whose requests are each one slice, not staged,
+ * has them cut while resolving (the first one now, each that joins the
+ * run as it does), chained in order: launch then hands the chain over
+ * without another pass over the requests. */
+static void run_plan_cut(const ferry_engine_t *engine, request_run_t *run, request_state_t *req)
+{
+    if (run->transport < 0)
+        return;
+    slice_plan_t plan;
+    slice_plan_of(engine, run, &plan);
+    if (plan.staged || (plan.slice_size != 0 && plan.slice_size < req->length))
+        return;
+    run->cut = 1;
+    run->cut_max = plan.slice_size != 0 ? plan.slice_size : SIZE_MAX;
+    run->remote_key = plan.remote_key;
+    run->local_memh = plan.local_memh;
+    slice_cut_one(req, run);
+    run->head = run->tail = &req->one_slice;
+}
+
 /*
  * The request continues run (the previous request's): the same segment
  * handle, operation and choice of transport, its target range inside the
@@ -491,7 +570,8 @@ static inline int resolve_in_run(const ferry_request_t *in, request_state_t *req
         !range_within(in->target_offset, in->length, buffer->addr, buffer->length) ||
         !range_within((uintptr_t)in->local, in->length, entry->addr, entry->length) ||
         /* As ferry_reg_entry_hold: no run joined once unregister began. */
-        (atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING))
+        (atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING) ||
+        (run->cut && in->length > run->cut_max))
         return 0;
     run->n++;
     req->run = run;
@@ -504,6 +584,11 @@ static inline int resolve_in_run(const ferry_request_t *in, request_state_t *req
     req->local = in->local;
     req->remote_addr = in->target_offset;
     req->length = in->length;
+    if (run->cut) {
+        slice_cut_one(req, run);
+        run->tail->next = &req->one_slice;
+        run->tail = &req->one_slice;
+    }
     return 1;
 }
 
@@ -522,6 +607,7 @@ static request_run_t *run_new(ferry_batch_t *batch)
     run->wanted = -1;
     run->copier = -1;
     run->peer_made = 0;
+    run->cut = 0;
     return run;
 }
 
@@ -595,8 +681,10 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                     (unsigned long long)req->remote_addr, req->length);
     if (status == FERRY_OK && (run->local_entry = local_entry(engine, req, prev, owed)) != NULL)
         batch->kept_entry = run->local_entry;
-    if (status == FERRY_OK)
+    if (status == FERRY_OK) {
         run->local_accel = local_memory(engine, run, req->local);
+        run_plan_cut(engine, run, req);
+    }
     return status;
 }
 
@@ -670,36 +758,6 @@ static ferry_status_t copier_enter(ferry_engine_t *engine, request_run_t *run, s
     return status;
 }
 
-/* What a run's slices share, read once per run at launch. */
-typedef struct slice_plan {
-    int staged;        /* the local buffer is device memory the transport does not take */
-    size_t slice_size; /* the transport's, 0: no slicing */
-    const char *remote_key;
-    void *local_memh;
-} slice_plan_t;
-
-/* Whether the run's local buffer is device memory its transport does not
- * take (it is staged). */
-static int needs_staging(const ferry_engine_t *engine, const request_run_t *run)
-{
-    if (run->local_accel == NULL)
-        return 0;
-    unsigned takes = engine->transports[run->transport].local_device;
-    for (size_t a = 0; a < engine->n_accel; a++)
-        if (engine->accel[a] == run->local_accel)
-            return (takes & (1u << a)) == 0;
-    return 1;
-}
-
-static void slice_plan_of(const ferry_engine_t *engine, const request_run_t *run,
-                          slice_plan_t *plan)
-{
-    plan->staged = needs_staging(engine, run);
-    plan->slice_size = engine->transports[run->transport].slice_size;
-    plan->remote_key = run->buffer->keys[run->desc_transport];
-    plan->local_memh = run->local_entry ? run->local_entry->memh[run->transport] : NULL;
-}
-
 /* Slice i of a staged request gets its buffer; a WRITE's bytes come off
  * the device into it now. */
 static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, size_t i,
@@ -729,22 +787,10 @@ static inline ferry_status_t prepare_slices(ferry_engine_t *engine, request_stat
     if (!plan->staged && (plan->slice_size == 0 || plan->slice_size >= req->length) &&
         !req->slices_made) {
         /* The common small request: its one slice is the slot's own. */
-        const request_run_t *run = req->run;
-        ferry_slice_t *slice = &req->one_slice;
-        slice->opcode = run->opcode;
-        slice->local = req->local;
-        slice->remote_addr = req->remote_addr;
-        slice->length = req->length;
-        slice->remote_key = plan->remote_key;
-        slice->local_memh = plan->local_memh;
-        slice->local_device = run->local_accel != NULL;
-        slice->owner = req;
-        slice->next = NULL;
-        req->slices = slice;
-        req->n_slices = 1;
-        req->slices_entry = run->local_entry;
-        req->slices_made = 1;
-        atomic_store_explicit(&req->slices_left, 1, memory_order_release);
+        request_run_t *run = req->run;
+        run->remote_key = plan->remote_key;
+        run->local_memh = plan->local_memh;
+        slice_cut_one(req, run);
         return FERRY_OK;
     }
     return prepare_slices_cut(engine, req, plan);
@@ -844,6 +890,13 @@ static ferry_status_t submit_run(ferry_engine_t *engine, request_state_t *reqs, 
     ferry_slice_t **tail = NULL;
     for (size_t i = 0; i < n && status == FERRY_OK;) {
         request_run_t *run = reqs[i].run;
+        if (run->cut) { /* its chain is ready */
+            if (tail != NULL)
+                *tail = run->head;
+            tail = &run->tail->next;
+            i += run->n;
+            continue;
+        }
         slice_plan_t plan;
         slice_plan_of(engine, run, &plan);
         for (; i < n && reqs[i].run == run; i++) {
@@ -967,6 +1020,7 @@ static void runs_split(ferry_batch_t *batch, request_state_t *reqs, size_t n)
         *own = *shared;
         own->n = 1;
         own->peer_made = 0;
+        own->cut = shared->cut = 0; /* each request is launched alone, relinked */
         atomic_init(&own->left, 1);
         ferry_descriptor_ref_n(own->desc, 1);
         if (own->local_entry != NULL)
