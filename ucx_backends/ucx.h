@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <ucp/api/ucp.h>
 
@@ -331,6 +332,38 @@ static inline void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remot
     if (local < entry->map_lo || local >= entry->map_hi || length > entry->map_hi - local)
         return NULL;
     return (void *)local;
+}
+/* A copy of a slice into or out of attached memory.  Up to 16 bytes (a
+ * flag, a counter, OSU's small windows) in moves of fixed size: the calls
+ * into ferry_copy_to_peer and memcpy cost more than such a copy. */
+static inline void ferry_ucx_direct_copy(const ferry_slice_t *slice, void *remote)
+{
+    unsigned char *dst = slice->opcode == FERRY_OP_WRITE ? remote : slice->local;
+    const unsigned char *src = slice->opcode == FERRY_OP_WRITE ? slice->local : remote;
+    size_t length = slice->length;
+    if (length > 16) {
+        if (slice->opcode == FERRY_OP_WRITE)
+            ferry_copy_to_peer(dst, src, length);
+        else
+            memcpy(dst, src, length);
+    } else if (length >= 8) { /* two moves that may overlap */
+        uint64_t head, tail;
+        memcpy(&head, src, 8);
+        memcpy(&tail, src + length - 8, 8);
+        memcpy(dst, &head, 8);
+        memcpy(dst + length - 8, &tail, 8);
+    } else if (length >= 4) {
+        uint32_t head, tail;
+        memcpy(&head, src, 4);
+        memcpy(&tail, src + length - 4, 4);
+        memcpy(dst, &head, 4);
+        memcpy(dst + length - 4, &tail, 4);
+    } else if (length > 0) {
+        unsigned char first = src[0], middle = src[length / 2], last = src[length - 1];
+        dst[0] = first;
+        dst[length / 2] = middle;
+        dst[length - 1] = last;
+    }
 }
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);
