@@ -333,20 +333,43 @@ static inline void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remot
         return NULL;
     return (void *)local;
 }
-/* A copy of a slice into or out of attached memory.  Up to 16 bytes (a
- * flag, a counter, OSU's small windows) in moves of fixed size: the calls
- * into ferry_copy_to_peer and memcpy cost more than such a copy. */
+/* 16 bytes, moved as one (memcpy of a constant size is a move). */
+typedef struct ferry_ucx_bytes16 {
+    uint64_t w[2];
+} ferry_ucx_bytes16_t;
+
+/* A copy of a slice into or out of attached memory.  Up to 64 bytes (a
+ * flag, a counter, OSU's small windows) in moves of fixed size that may
+ * overlap, all loads before the stores: the calls into ferry_copy_to_peer
+ * and memcpy cost more than such a copy (which ferry_copy_to_peer makes
+ * with plain stores too below 64 bytes). */
 static inline void ferry_ucx_direct_copy(const ferry_slice_t *slice, void *remote)
 {
     unsigned char *dst = slice->opcode == FERRY_OP_WRITE ? remote : slice->local;
     const unsigned char *src = slice->opcode == FERRY_OP_WRITE ? slice->local : remote;
     size_t length = slice->length;
-    if (length > 16) {
+    if (length > 64) {
         if (slice->opcode == FERRY_OP_WRITE)
             ferry_copy_to_peer(dst, src, length);
         else
             memcpy(dst, src, length);
-    } else if (length >= 8) { /* two moves that may overlap */
+    } else if (length > 32) { /* 32 from each end */
+        ferry_ucx_bytes16_t a, b, c, d;
+        memcpy(&a, src, 16);
+        memcpy(&b, src + 16, 16);
+        memcpy(&c, src + length - 32, 16);
+        memcpy(&d, src + length - 16, 16);
+        memcpy(dst, &a, 16);
+        memcpy(dst + 16, &b, 16);
+        memcpy(dst + length - 32, &c, 16);
+        memcpy(dst + length - 16, &d, 16);
+    } else if (length > 16) {
+        ferry_ucx_bytes16_t head, tail;
+        memcpy(&head, src, 16);
+        memcpy(&tail, src + length - 16, 16);
+        memcpy(dst, &head, 16);
+        memcpy(dst + length - 16, &tail, 16);
+    } else if (length >= 8) {
         uint64_t head, tail;
         memcpy(&head, src, 8);
         memcpy(&tail, src + length - 8, 8);
