@@ -15,6 +15,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +68,13 @@ typedef struct request_run {
 } request_run_t;
 
 typedef struct request_state {
-    /* What resolve writes and completion reads, in one cache line. */
+    /* What resolve writes and completion reads, in two cache lines (the
+     * slot is aligned to them): one_slice first, as it holds the request's
+     * own range (opcode aside, which is its run's), and the request's one
+     * slice when it is one (a small request: no allocation); a staged
+     * request's slices are many_slices, whatever their number.  owner is
+     * the slot, set once. */
+    _Alignas(64) ferry_slice_t one_slice;
     request_run_t *run;
     atomic_size_t slices_left;
     atomic_int error;      /* first failure, 0 if none */
@@ -80,20 +87,16 @@ typedef struct request_state {
      * request submitted again, submit_again): cut for slices_entry's
      * handles at the first launch; resolving anew clears it. */
     int slices_made;
-    void *local;
-    uint64_t remote_addr;
-    size_t length;
-    /* The request's slices: one_slice when it is one (a small request:
-     * the slot's own storage, no allocation), else many_slices. */
-    ferry_slice_t *slices;
-    ferry_slice_t one_slice;
+    ferry_slice_t *slices; /* one_slice or many_slices */
+    ferry_reg_entry_t *slices_entry;    /* compared, never dereferenced */
     size_t n_slices;
     ferry_slice_t *many_slices;         /* kept across submits of this slot */
     size_t many_cap;
     ferry_stage_chunk_t **chunks;
     size_t chunks_cap;
-    ferry_reg_entry_t *slices_entry;    /* compared, never dereferenced */
 } request_state_t;
+_Static_assert(offsetof(request_state_t, n_slices) + sizeof(size_t) <= 128,
+               "what resolve and completion touch spans two cache lines");
 
 struct ferry_batch {
     uint64_t handle;
@@ -257,7 +260,7 @@ static ferry_status_t unstage_slice(request_state_t *req, ferry_slice_t *slice,
 {
     const request_run_t *run = req->run;
     size_t i = (size_t)(slice - req->slices);
-    void *device = (char *)req->local + (slice->remote_addr - req->remote_addr);
+    void *device = (char *)req->one_slice.local + (slice->remote_addr - req->one_slice.remote_addr);
     if (status == FERRY_OK && run->opcode == FERRY_OP_READ)
         status = run->local_accel->copy(device, slice->local, slice->length);
     ferry_stage_put(run->batch->engine, req->chunks[i]);
@@ -411,7 +414,7 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
     req->slices_made = run->peer_made = 0;
     status = ferry_segment_descriptor_versioned(engine, run->segment, &run->desc,
                                                 &run->desc_version);
-    return status == FERRY_OK ? resolve_in(engine, run, req->remote_addr, req->length) : status;
+    return status == FERRY_OK ? resolve_in(engine, run, req->one_slice.remote_addr, req->one_slice.length) : status;
 }
 
 /* Whether [addr, +length) lies inside [start, +size). */
@@ -425,12 +428,12 @@ static int range_within(uint64_t addr, uint64_t length, uint64_t start, uint64_t
  * ping-pong's every write needs no lookup and no lock; else a lookup. */
 static ferry_reg_entry_t *local_entry_found(ferry_engine_t *engine, const request_state_t *req)
 {
-    uintptr_t addr = (uintptr_t)req->local;
+    uintptr_t addr = (uintptr_t)req->one_slice.local;
     ferry_reg_entry_t *entry = req->run->batch->kept_entry;
-    if (entry != NULL && range_within(addr, req->length, entry->addr, entry->length) &&
+    if (entry != NULL && range_within(addr, req->one_slice.length, entry->addr, entry->length) &&
         ferry_reg_entry_hold(entry))
         return entry;
-    return ferry_registry_acquire(&engine->registry, addr, req->length, 0);
+    return ferry_registry_acquire(&engine->registry, addr, req->one_slice.length, 0);
 }
 
 /* The local buffer's registry entry, held for the request's run: the
@@ -443,7 +446,7 @@ static inline ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const reque
     ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
     /* As ferry_reg_entry_hold: no new hold once unregister began. */
     if (entry != NULL &&
-        range_within((uintptr_t)req->local, req->length, entry->addr, entry->length) &&
+        range_within((uintptr_t)req->one_slice.local, req->one_slice.length, entry->addr, entry->length) &&
         !(atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)) {
         owe_entry(owed, entry);
         return entry;
@@ -470,7 +473,7 @@ static int resolve_as_prev(request_run_t *run, const request_state_t *req,
 {
     if (prev == NULL || prev->desc != run->desc || prev->buffer == NULL ||
         prev->opcode != run->opcode || prev->wanted != run->wanted ||
-        !range_within(req->remote_addr, req->length, prev->buffer->addr, prev->buffer->length))
+        !range_within(req->one_slice.remote_addr, req->one_slice.length, prev->buffer->addr, prev->buffer->length))
         return 0;
     run->buffer = prev->buffer;
     run->transport = prev->transport;
@@ -482,15 +485,11 @@ static int resolve_as_prev(request_run_t *run, const request_state_t *req,
  * for the run's resolution and local entry (slices_made). */
 static inline void slice_cut_one(request_state_t *req, const request_run_t *run)
 {
-    ferry_slice_t *slice = &req->one_slice;
+    ferry_slice_t *slice = &req->one_slice; /* its range is the request's already */
     slice->opcode = run->opcode;
-    slice->local = req->local;
-    slice->remote_addr = req->remote_addr;
-    slice->length = req->length;
     slice->remote_key = run->remote_key;
     slice->local_memh = run->local_memh;
     slice->local_device = run->local_accel != NULL;
-    slice->owner = req;
     slice->next = NULL;
     req->slices = slice;
     req->n_slices = 1;
@@ -539,7 +538,7 @@ static void run_plan_cut(const ferry_engine_t *engine, request_run_t *run, reque
         return;
     slice_plan_t plan;
     slice_plan_of(engine, run, &plan);
-    if (plan.staged || (plan.slice_size != 0 && plan.slice_size < req->length))
+    if (plan.staged || (plan.slice_size != 0 && plan.slice_size < req->one_slice.length))
         return;
     run->cut = 1;
     run->cut_max = plan.slice_size != 0 ? plan.slice_size : SIZE_MAX;
@@ -580,14 +579,15 @@ static inline int resolve_in_run(const ferry_request_t *in, request_state_t *req
      * submit, its launch included, released submit_lock. */
     atomic_init(&req->state, FERRY_XFER_PENDING);
     req->staged = 0;
-    req->slices_made = 0; /* cut at launch, as anew */
-    req->local = in->local;
-    req->remote_addr = in->target_offset;
-    req->length = in->length;
+    req->one_slice.local = in->local;
+    req->one_slice.remote_addr = in->target_offset;
+    req->one_slice.length = in->length;
     if (run->cut) {
         slice_cut_one(req, run);
         run->tail->next = &req->one_slice;
         run->tail = &req->one_slice;
+    } else {
+        req->slices_made = 0; /* cut at launch, as anew */
     }
     return 1;
 }
@@ -642,9 +642,9 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     if (run->segment == NULL)
         return FERRY_ERR_INVALID_HANDLE;
     run->opcode = in->opcode;
-    req->local = in->local;
-    req->remote_addr = in->target_offset;
-    req->length = in->length;
+    req->one_slice.local = in->local;
+    req->one_slice.remote_addr = in->target_offset;
+    req->one_slice.length = in->length;
     if (in->transport != NULL && (run->wanted = ferry_engine_transport_index(engine, in->transport)) < 0) {
         ferry_error("request: transport \"%s\" is not enabled in this engine", in->transport);
         return FERRY_ERR_UNSUPPORTED;
@@ -671,18 +671,18 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     if (status != FERRY_OK)
         return status;
     if (!resolve_as_prev(run, req, prev))
-        status = resolve_in(engine, run, req->remote_addr, req->length);
+        status = resolve_in(engine, run, req->one_slice.remote_addr, req->one_slice.length);
     if (status == FERRY_ERR_OUT_OF_RANGE) {
         owed_take(owed); /* the refresh drops this run's reference */
         status = resolve_refreshed(engine, req);
     }
     if (status == FERRY_ERR_OUT_OF_RANGE)
         ferry_error("segment \"%s\" has no buffer holding [0x%llx, +%zu)", run->segment->name,
-                    (unsigned long long)req->remote_addr, req->length);
+                    (unsigned long long)req->one_slice.remote_addr, req->one_slice.length);
     if (status == FERRY_OK && (run->local_entry = local_entry(engine, req, prev, owed)) != NULL)
         batch->kept_entry = run->local_entry;
     if (status == FERRY_OK) {
-        run->local_accel = local_memory(engine, run, req->local);
+        run->local_accel = local_memory(engine, run, req->one_slice.local);
         run_plan_cut(engine, run, req);
     }
     return status;
@@ -719,20 +719,20 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
     ferry_access_t access = run->opcode == FERRY_OP_WRITE ? FERRY_ACCESS_WRITE
                                                           : FERRY_ACCESS_READ;
     void *token;
-    ferry_status_t status = ferry_engine_access_acquire(engine, req->remote_addr, req->length,
+    ferry_status_t status = ferry_engine_access_acquire(engine, req->one_slice.remote_addr, req->one_slice.length,
                                                         access, &token);
     if (status == FERRY_OK) {
-        void *remote = (void *)(uintptr_t)req->remote_addr;
-        void *dst = run->opcode == FERRY_OP_WRITE ? remote : req->local;
-        const void *src = run->opcode == FERRY_OP_WRITE ? req->local : remote;
+        void *remote = (void *)(uintptr_t)req->one_slice.remote_addr;
+        void *dst = run->opcode == FERRY_OP_WRITE ? remote : req->one_slice.local;
+        const void *src = run->opcode == FERRY_OP_WRITE ? req->one_slice.local : remote;
         /* Device memory on either side: the vendor copies, never the CPU. */
         const ferry_accel_ops_t *accel = ((const ferry_reg_entry_t *)token)->accel;
         if (accel == NULL)
             accel = run->local_accel;
         if (accel != NULL)
-            status = accel->copy(dst, src, req->length);
+            status = accel->copy(dst, src, req->one_slice.length);
         else
-            memmove(dst, src, req->length);
+            memmove(dst, src, req->one_slice.length);
         ferry_engine_access_release(engine, token);
     }
     if (status == FERRY_OK)
@@ -767,7 +767,7 @@ static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, 
     req->chunks[i] = ferry_stage_get(engine, run->local_accel);
     if (req->chunks[i] == NULL)
         return FERRY_ERR_NO_MEMORY;
-    void *device = (char *)req->local + offset;
+    void *device = (char *)req->one_slice.local + offset;
     slice->local = ferry_stage_buffer(req->chunks[i]);
     slice->local_memh = NULL;
     if (run->opcode == FERRY_OP_WRITE)
@@ -784,7 +784,7 @@ static inline ferry_status_t prepare_slices(ferry_engine_t *engine, request_stat
                                             const slice_plan_t *plan)
 {
     req->staged = plan->staged;
-    if (!plan->staged && (plan->slice_size == 0 || plan->slice_size >= req->length) &&
+    if (!plan->staged && (plan->slice_size == 0 || plan->slice_size >= req->one_slice.length) &&
         !req->slices_made) {
         /* The common small request: its one slice is the slot's own. */
         request_run_t *run = req->run;
@@ -809,17 +809,19 @@ static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t
     size_t slice_size = plan->slice_size;
     if (req->staged && (slice_size == 0 || slice_size > engine->stage.chunk_size))
         slice_size = engine->stage.chunk_size;
-    if (slice_size == 0 || slice_size > req->length)
-        slice_size = req->length;
-    size_t count = slice_size == req->length ? 1 : (req->length + slice_size - 1) / slice_size;
-    if (count > 1 && count > req->many_cap) {
+    if (slice_size == 0 || slice_size > req->one_slice.length)
+        slice_size = req->one_slice.length;
+    size_t count = slice_size == req->one_slice.length ? 1 : (req->one_slice.length + slice_size - 1) / slice_size;
+    /* A staged request's one slice is not one_slice: it points at a
+     * staging buffer, and one_slice holds the request's range. */
+    if ((count > 1 || req->staged) && count > req->many_cap) {
         ferry_slice_t *grown = realloc(req->many_slices, count * sizeof(*grown));
         if (grown == NULL)
             return FERRY_ERR_NO_MEMORY;
         req->many_slices = grown;
         req->many_cap = count;
     }
-    req->slices = count == 1 ? &req->one_slice : req->many_slices;
+    req->slices = count == 1 && !req->staged ? &req->one_slice : req->many_slices;
     if (req->staged && count > req->chunks_cap) {
         ferry_stage_chunk_t **grown = realloc(req->chunks, count * sizeof(*grown));
         if (grown == NULL)
@@ -830,9 +832,9 @@ static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t
     for (size_t i = 0, offset = 0; i < count; i++, offset += slice_size) {
         ferry_slice_t *slice = &req->slices[i];
         slice->opcode = run->opcode;
-        slice->local = (char *)req->local + offset;
-        slice->remote_addr = req->remote_addr + offset;
-        slice->length = FERRY_MIN(slice_size, req->length - offset);
+        slice->local = (char *)req->one_slice.local + offset;
+        slice->remote_addr = req->one_slice.remote_addr + offset;
+        slice->length = FERRY_MIN(slice_size, req->one_slice.length - offset);
         slice->remote_key = plan->remote_key;
         slice->local_memh = plan->local_memh;
         slice->local_device = run->local_accel != NULL && !req->staged;
@@ -845,7 +847,7 @@ static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t
     for (size_t i = 0, offset = 0; req->staged && i < count; i++, offset += slice_size) {
         ferry_status_t status = stage_slice(engine, req, i, &req->slices[i], offset);
         if (status != FERRY_OK) {
-            ferry_error("staging a %zu-byte %s of device memory failed: %s", req->length,
+            ferry_error("staging a %zu-byte %s of device memory failed: %s", req->one_slice.length,
                         run->opcode == FERRY_OP_WRITE ? "write" : "read",
                         ferry_status_string(status));
             unstage(engine, req);
@@ -980,7 +982,7 @@ static ferry_status_t launch_refused(ferry_engine_t *engine, request_state_t *re
     }
     if (status != FERRY_OK) {
         ferry_error("request to segment \"%s\" [0x%llx, +%zu) failed: %s",
-                    run->segment->name, (unsigned long long)req->remote_addr, req->length,
+                    run->segment->name, (unsigned long long)req->one_slice.remote_addr, req->one_slice.length,
                     ferry_status_string(status));
         request_fail(req, status);
     }
@@ -1100,13 +1102,17 @@ ferry_status_t ferry_batch_create(ferry_engine_h handle, size_t max_requests,
         return FERRY_ERR_INVALID_PARAM;
     ferry_batch_t *batch = calloc(1, sizeof(*batch));
     if (batch == NULL ||
-        (batch->requests = calloc(max_requests, sizeof(request_state_t))) == NULL ||
+        (batch->requests = aligned_alloc(_Alignof(request_state_t),
+                                         max_requests * sizeof(request_state_t))) == NULL ||
         (batch->runs = calloc(max_requests, sizeof(request_run_t))) == NULL) {
         if (batch != NULL)
             free(batch->requests);
         free(batch);
         return FERRY_ERR_NO_MEMORY;
     }
+    memset(batch->requests, 0, max_requests * sizeof(request_state_t));
+    for (size_t i = 0; i < max_requests; i++)
+        batch->requests[i].one_slice.owner = &batch->requests[i];
     batch->engine = engine;
     batch->max = max_requests;
     batch->handle = ferry_handle_alloc(FERRY_HANDLE_BATCH, batch, engine);
@@ -1138,8 +1144,8 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
     request_state_t *req = &batch->requests[0];
     request_run_t *run = req->run; /* the round's only run */
     if (run->desc_version == 0 || !run->peer_made || in->transport != NULL || run->wanted >= 0 ||
-        in->opcode != run->opcode || in->local != req->local || in->length != req->length ||
-        in->target_offset != req->remote_addr ||
+        in->opcode != run->opcode || in->local != req->one_slice.local || in->length != req->one_slice.length ||
+        in->target_offset != req->one_slice.remote_addr ||
         atomic_load_explicit(&req->state, memory_order_relaxed) != FERRY_XFER_COMPLETED ||
         ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
                             batch->engine) != run->segment ||
@@ -1149,7 +1155,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
     ferry_engine_t *engine = batch->engine;
     if ((run->local_entry = local_entry(engine, req, NULL, NULL)) != NULL) /* owes nothing */
         batch->kept_entry = run->local_entry;
-    run->local_accel = local_memory(engine, run, req->local);
+    run->local_accel = local_memory(engine, run, req->one_slice.local);
     atomic_store_explicit(&run->left, 1, memory_order_relaxed);
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
     launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
@@ -1242,7 +1248,7 @@ ferry_status_t ferry_batch_status(ferry_batch_h handle, size_t index,
     request_state_t *req = &batch->requests[index];
     status_p->state = atomic_load(&req->state);
     status_p->error = (ferry_status_t)atomic_load(&req->error);
-    status_p->transferred = status_p->state == FERRY_XFER_COMPLETED ? req->length : 0;
+    status_p->transferred = status_p->state == FERRY_XFER_COMPLETED ? req->one_slice.length : 0;
     status_p->transport = transport_name(batch->engine, req->run->transport);
     return FERRY_OK;
 }
