@@ -52,8 +52,8 @@ typedef struct request_run {
     int copier;                        /* counted in at segment (epoch), -1: not */
     int peer_made;                     /* peer: made at the run's first launch */
     /* Each request of the run is one slice, cut while it was resolved and
-     * chained from head to tail (cut_slices): launch hands the chain over
-     * as it is.  0: launch cuts them. */
+     * chained from head to tail (run_plan_cut): launch hands the chain
+     * over as it is.  0: launch cuts them. */
     int cut;
     size_t cut_max;                    /* the longest request cut so */
     const char *remote_key;            /* what each cut slice has: the buffer's key */
@@ -1004,9 +1004,9 @@ static ferry_status_t launch(ferry_engine_t *engine, request_state_t *req)
 }
 
 /*
- * n requests (none in flight, the batch's last n_runs records from run on
- * their runs) go alone: each gets a run of its own, so that a refresh or a
- * retry changes that request's resolution only.  Each new record takes its
+ * n requests (whole runs, none of them in flight) go alone: each gets a
+ * run of its own, so that a refresh or a retry changes that request's
+ * resolution only.  Each new record takes its
  * own references (the request's share of the run's); the first request of
  * a run keeps the record.  A request gets at most one new record and only
  * when it shared one, so the batch never has more records than requests.
