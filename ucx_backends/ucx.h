@@ -59,8 +59,12 @@ enum {
  * checked this long ago (and every progress tick while requests are out). */
 #define FERRY_UCX_LIVENESS_MS 20
 /* Copies into attached memory up to this many bytes per submit run under
- * the endpoint's lock (no outstanding count, no clock): latency-bound ones. */
-#define FERRY_UCX_LOCKED_COPY_MAX (16u * 1024u)
+ * the endpoint's lock (no outstanding count, no clock, no copy list):
+ * latency-bound ones.  32 KiB holds a window of 64 requests of 512 bytes
+ * (OSU's), whose second half copied after the lock cost 0.1-0.2x of its
+ * rate (doc/performance.md); a thread writing to the same peer waits for
+ * at most that much copying. */
+#define FERRY_UCX_LOCKED_COPY_MAX (32u * 1024u)
 /* A caller's ferry_ucx_progress polls a worker with nothing in flight and
  * only shared-memory endpoints every this many calls (see there). */
 #define FERRY_UCX_IDLE_POLL_EVERY 64u
