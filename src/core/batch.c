@@ -414,7 +414,9 @@ static ferry_status_t resolve_refreshed(ferry_engine_t *engine, request_state_t 
     req->slices_made = run->peer_made = 0;
     status = ferry_segment_descriptor_versioned(engine, run->segment, &run->desc,
                                                 &run->desc_version);
-    return status == FERRY_OK ? resolve_in(engine, run, req->one_slice.remote_addr, req->one_slice.length) : status;
+    if (status != FERRY_OK)
+        return status;
+    return resolve_in(engine, run, req->one_slice.remote_addr, req->one_slice.length);
 }
 
 /* Whether [addr, +length) lies inside [start, +size). */
@@ -446,7 +448,8 @@ static inline ferry_reg_entry_t *local_entry(ferry_engine_t *engine, const reque
     ferry_reg_entry_t *entry = prev ? prev->local_entry : NULL;
     /* As ferry_reg_entry_hold: no new hold once unregister began. */
     if (entry != NULL &&
-        range_within((uintptr_t)req->one_slice.local, req->one_slice.length, entry->addr, entry->length) &&
+        range_within((uintptr_t)req->one_slice.local, req->one_slice.length, entry->addr,
+                     entry->length) &&
         !(atomic_load_explicit(&entry->holds, memory_order_relaxed) & FERRY_REG_DYING)) {
         owe_entry(owed, entry);
         return entry;
@@ -473,7 +476,8 @@ static int resolve_as_prev(request_run_t *run, const request_state_t *req,
 {
     if (prev == NULL || prev->desc != run->desc || prev->buffer == NULL ||
         prev->opcode != run->opcode || prev->wanted != run->wanted ||
-        !range_within(req->one_slice.remote_addr, req->one_slice.length, prev->buffer->addr, prev->buffer->length))
+        !range_within(req->one_slice.remote_addr, req->one_slice.length, prev->buffer->addr,
+                      prev->buffer->length))
         return 0;
     run->buffer = prev->buffer;
     run->transport = prev->transport;
@@ -645,7 +649,8 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
     req->one_slice.local = in->local;
     req->one_slice.remote_addr = in->target_offset;
     req->one_slice.length = in->length;
-    if (in->transport != NULL && (run->wanted = ferry_engine_transport_index(engine, in->transport)) < 0) {
+    if (in->transport != NULL &&
+        (run->wanted = ferry_engine_transport_index(engine, in->transport)) < 0) {
         ferry_error("request: transport \"%s\" is not enabled in this engine", in->transport);
         return FERRY_ERR_UNSUPPORTED;
     }
@@ -719,8 +724,8 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
     ferry_access_t access = run->opcode == FERRY_OP_WRITE ? FERRY_ACCESS_WRITE
                                                           : FERRY_ACCESS_READ;
     void *token;
-    ferry_status_t status = ferry_engine_access_acquire(engine, req->one_slice.remote_addr, req->one_slice.length,
-                                                        access, &token);
+    ferry_status_t status = ferry_engine_access_acquire(engine, req->one_slice.remote_addr,
+                                                        req->one_slice.length, access, &token);
     if (status == FERRY_OK) {
         void *remote = (void *)(uintptr_t)req->one_slice.remote_addr;
         void *dst = run->opcode == FERRY_OP_WRITE ? remote : req->one_slice.local;
@@ -811,7 +816,8 @@ static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t
         slice_size = engine->stage.chunk_size;
     if (slice_size == 0 || slice_size > req->one_slice.length)
         slice_size = req->one_slice.length;
-    size_t count = slice_size == req->one_slice.length ? 1 : (req->one_slice.length + slice_size - 1) / slice_size;
+    size_t length = req->one_slice.length;
+    size_t count = slice_size == length ? 1 : (length + slice_size - 1) / slice_size;
     /* A staged request's one slice is not one_slice: it points at a
      * staging buffer, and one_slice holds the request's range. */
     if ((count > 1 || req->staged) && count > req->many_cap) {
@@ -982,7 +988,8 @@ static ferry_status_t launch_refused(ferry_engine_t *engine, request_state_t *re
     }
     if (status != FERRY_OK) {
         ferry_error("request to segment \"%s\" [0x%llx, +%zu) failed: %s",
-                    run->segment->name, (unsigned long long)req->one_slice.remote_addr, req->one_slice.length,
+                    run->segment->name, (unsigned long long)req->one_slice.remote_addr,
+                    req->one_slice.length,
                     ferry_status_string(status));
         request_fail(req, status);
     }
@@ -1144,7 +1151,8 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
     request_state_t *req = &batch->requests[0];
     request_run_t *run = req->run; /* the round's only run */
     if (run->desc_version == 0 || !run->peer_made || in->transport != NULL || run->wanted >= 0 ||
-        in->opcode != run->opcode || in->local != req->one_slice.local || in->length != req->one_slice.length ||
+        in->opcode != run->opcode || in->local != req->one_slice.local ||
+        in->length != req->one_slice.length ||
         in->target_offset != req->one_slice.remote_addr ||
         atomic_load_explicit(&req->state, memory_order_relaxed) != FERRY_XFER_COMPLETED ||
         ferry_handle_lookup((uint64_t)(uintptr_t)in->target, FERRY_HANDLE_SEGMENT,
