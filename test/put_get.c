@@ -24,11 +24,15 @@ void put_get_sizes(ferry_engine_h engine, peer_process_t *peer, ferry_segment_h 
                          "bytes written (%zu) differ at the target", length);
         cr_assert_str_eq(peer_cmd(peer, "fill %zu %zu %u", remote_off, length, seed + 50), "OK");
         memset(local + local_off, 0, length);
+        /* The bytes on either side stay as they were: a copy of exactly length. */
+        local[local_off - 1] = local[local_off + length] = 0xa5;
         cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + local_off, segment,
                                            peer->arena + remote_off, length, transport),
                      FERRY_OK, "read of %zu bytes", length);
         cr_assert_eq(test_pattern_check(local + local_off, length, seed + 50), SIZE_MAX,
                      "bytes read (%zu) differ", length);
+        cr_assert(local[local_off - 1] == 0xa5 && local[local_off + length] == 0xa5,
+                  "a read of %zu bytes wrote past its range", length);
     }
 }
 

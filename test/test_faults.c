@@ -165,6 +165,58 @@ Test(faults, restarted_peer_is_reached_again)
     peer_stop(&second);
 }
 
+/*
+ * A run of requests (one registered local buffer, one target buffer) to a
+ * restarted peer: the transport refuses the run as a whole, and each
+ * request then refreshes and goes alone, with a run of its own and its own
+ * references.  Every byte arrives, and the references balance: the batch
+ * goes, and the local buffer unregisters at once.
+ */
+Test(faults, restarted_peer_is_reached_again_by_a_run_of_requests)
+{
+    personality(ADDR_NO_RANDOMIZE);
+    enum { N = 16, L = 4096 };
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, MIB, "cpu", 0), FERRY_OK);
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + i * L,
+                                    .target = segment, .target_offset = first.arena + i * L,
+                                    .length = L};
+    test_pattern_fill(local, N * L, 1);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    peer_kill(&first, SIGKILL);
+
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(&second, env), 0);
+    cr_assert_eq(second.arena, first.arena, "no address randomization, the same arena");
+    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+    test_pattern_fill(local, N * L, 2);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %d 2", N * L), "OK");
+    /* Submitted again, as one run to the new incarnation. */
+    test_pattern_fill(local, N * L, 3);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %d 3", N * L), "OK");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    double start = now();
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    cr_assert_lt(now() - start, 2.0, "a hold of the run outlived its requests");
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+}
+
 Test(faults, unregister_tells_peers_at_once)
 {
     peer_process_t peer;

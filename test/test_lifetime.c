@@ -175,6 +175,59 @@ Test(lifetime, unregister_waits_for_a_write_being_received)
     free(buffer);
 }
 
+/* Initiator side: the requests of a run (one registered local buffer, one
+ * target buffer) hold the buffer's entry once for the run, until the last
+ * of them finishes: an unregister after the first one finished still waits
+ * for the others. */
+Test(lifetime, unregister_waits_for_the_last_request_of_a_run)
+{
+    /* Both of several slices (FERRY_TCP_SLICE_SIZE: 1m): one run. */
+    const size_t SMALL = 2 * MIB, large = 64 * MIB;
+    ferry_engine_h engine;
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    peer_process_t peer;
+    ferry_segment_h segment = peer_with_buffer(engine, &peer, SMALL + large);
+    unsigned char *local = malloc(SMALL + large);
+    cr_assert(local != NULL);
+    memset(local, 0x3c, SMALL + large);
+    cr_assert_eq(ferry_register(engine, local, SMALL + large, "cpu", 0), FERRY_OK);
+    ferry_request_t reqs[2] = {
+        {.opcode = FERRY_OP_WRITE, .local = local, .target = segment,
+         .target_offset = peer.arena, .length = SMALL},
+        {.opcode = FERRY_OP_WRITE, .local = local + SMALL, .target = segment,
+         .target_offset = peer.arena + SMALL, .length = large}};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 2, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, 2), FERRY_OK);
+    ferry_xfer_status_t first, second;
+    do
+        cr_assert_eq(ferry_batch_status(batch, 0, &first), FERRY_OK);
+    while (first.state == FERRY_XFER_PENDING);
+    peer_kill(&peer, SIGSTOP); /* the large one stays in flight */
+    cr_assert_eq(first.state, FERRY_XFER_COMPLETED);
+    usleep(50000); /* answers the peer sent before it stopped arrive meanwhile */
+    cr_assert_eq(ferry_batch_status(batch, 1, &second), FERRY_OK);
+    if (second.state != FERRY_XFER_PENDING) {
+        peer_kill(&peer, SIGCONT);
+        cr_skip_test("the large request finished before the peer was stopped");
+    }
+    struct unregistering u = {.engine = engine, .addr = local};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, unregister_thread, &u), 0);
+    usleep(200000);
+    int early = atomic_load(&u.done);
+    peer_kill(&peer, SIGCONT);
+    cr_assert_eq(ferry_batch_wait(batch, 60000), FERRY_OK);
+    pthread_join(thread, NULL);
+    cr_assert_eq(early, 0, "unregister returned while a request of the run was in flight");
+    cr_assert_eq(u.status, FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    ferry_engine_destroy(engine);
+    free(local);
+}
+
 /* A completion must not touch the batch once its count reached zero: the
  * waiter may destroy it at once.  Sleeping waits (no spin), completions
  * from the transport's I/O thread. */

@@ -89,7 +89,9 @@ static void put_get(int allocated)
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
 
-    static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
+    /* The small ones: each way a copy into attached memory is made. */
+    static const size_t sizes[] = {1,  2,  3,  4,  5,  7,    8,     13,      16,      17,
+                                   31, 32, 33, 63, 64, 65, 4096, 65537, MIB + 3, 64 * MIB};
     put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]), "ucx");
     put_get_unregistered(engine, &peer, segment, "ucx");
     put_get_batch(engine, &peer, segment, local, NULL);

@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <ucp/api/ucp.h>
 
@@ -58,8 +59,12 @@ enum {
  * checked this long ago (and every progress tick while requests are out). */
 #define FERRY_UCX_LIVENESS_MS 20
 /* Copies into attached memory up to this many bytes per submit run under
- * the endpoint's lock (no outstanding count, no clock): latency-bound ones. */
-#define FERRY_UCX_LOCKED_COPY_MAX (16u * 1024u)
+ * the endpoint's lock (no outstanding count, no clock, no copy list):
+ * latency-bound ones.  32 KiB holds a window of 64 requests of 512 bytes
+ * (OSU's), whose second half copied after the lock cost 0.1-0.2x of its
+ * rate (doc/performance.md); a thread writing to the same peer waits for
+ * at most that much copying. */
+#define FERRY_UCX_LOCKED_COPY_MAX (32u * 1024u)
 /* A caller's ferry_ucx_progress polls a worker with nothing in flight and
  * only shared-memory endpoints every this many calls (see there). */
 #define FERRY_UCX_IDLE_POLL_EVERY 64u
@@ -331,6 +336,61 @@ static inline void *ferry_ucx_direct_ptr(ferry_ucx_rkey_t *entry, uint64_t remot
     if (local < entry->map_lo || local >= entry->map_hi || length > entry->map_hi - local)
         return NULL;
     return (void *)local;
+}
+/* 16 bytes, moved as one (memcpy of a constant size is a move). */
+typedef struct ferry_ucx_bytes16 {
+    uint64_t w[2];
+} ferry_ucx_bytes16_t;
+
+/* A copy of a slice into or out of attached memory.  Up to 64 bytes (a
+ * flag, a counter, OSU's small windows) in moves of fixed size that may
+ * overlap, all loads before the stores: the calls into ferry_copy_to_peer
+ * and memcpy cost more than such a copy (which ferry_copy_to_peer makes
+ * with plain stores too below 64 bytes). */
+static inline void ferry_ucx_direct_copy(const ferry_slice_t *slice, void *remote)
+{
+    unsigned char *dst = slice->opcode == FERRY_OP_WRITE ? remote : slice->local;
+    const unsigned char *src = slice->opcode == FERRY_OP_WRITE ? slice->local : remote;
+    size_t length = slice->length;
+    if (length > 64) {
+        if (slice->opcode == FERRY_OP_WRITE)
+            ferry_copy_to_peer(dst, src, length);
+        else
+            memcpy(dst, src, length);
+    } else if (length > 32) { /* 32 from each end */
+        ferry_ucx_bytes16_t a, b, c, d;
+        memcpy(&a, src, 16);
+        memcpy(&b, src + 16, 16);
+        memcpy(&c, src + length - 32, 16);
+        memcpy(&d, src + length - 16, 16);
+        memcpy(dst, &a, 16);
+        memcpy(dst + 16, &b, 16);
+        memcpy(dst + length - 32, &c, 16);
+        memcpy(dst + length - 16, &d, 16);
+    } else if (length > 16) {
+        ferry_ucx_bytes16_t head, tail;
+        memcpy(&head, src, 16);
+        memcpy(&tail, src + length - 16, 16);
+        memcpy(dst, &head, 16);
+        memcpy(dst + length - 16, &tail, 16);
+    } else if (length >= 8) {
+        uint64_t head, tail;
+        memcpy(&head, src, 8);
+        memcpy(&tail, src + length - 8, 8);
+        memcpy(dst, &head, 8);
+        memcpy(dst + length - 8, &tail, 8);
+    } else if (length >= 4) {
+        uint32_t head, tail;
+        memcpy(&head, src, 4);
+        memcpy(&tail, src + length - 4, 4);
+        memcpy(dst, &head, 4);
+        memcpy(dst + length - 4, &tail, 4);
+    } else if (length > 0) {
+        unsigned char first = src[0], middle = src[length / 2], last = src[length - 1];
+        dst[0] = first;
+        dst[length / 2] = middle;
+        dst[length - 1] = last;
+    }
 }
 /* Drop every cached rkey; caller holds ep->lock or is the last user. */
 void ferry_ucx_rkeys_flush(ferry_ucx_ep_t *ep);

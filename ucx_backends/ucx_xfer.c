@@ -323,10 +323,7 @@ static int direct_copy_now(direct_copies_t *c, ferry_slice_t *slice, void *remot
 {
     if (c->count > 0 || slice->length > FERRY_UCX_LOCKED_COPY_MAX - c->copied_bytes)
         return 0; /* from the first one left for later on, all are: in order */
-    if (slice->opcode == FERRY_OP_WRITE)
-        ferry_copy_to_peer(remote, slice->local, slice->length);
-    else
-        memcpy(slice->local, remote, slice->length);
+    ferry_ucx_direct_copy(slice, remote);
     c->copied_bytes += slice->length;
     *c->copied_tail = slice;
     c->copied_tail = &slice->next;
@@ -420,10 +417,7 @@ static int submit_short(ferry_ucx_t *ucx, const ferry_peer_t *peer, ferry_slice_
         cache->direct_length = slice->length;
         cache->direct_ptr = remote;
     }
-    if (slice->opcode == FERRY_OP_READ)
-        memcpy(slice->local, remote, slice->length);
-    else
-        ferry_copy_to_peer(remote, slice->local, slice->length);
+    ferry_ucx_direct_copy(slice, remote);
     /* The liveness look comes after the copy, off the path a ping-pong
      * waits on (its clock alone took 7 ns): a copy into a dead peer's
      * memory lands where nobody reads (we keep it mapped), and the request
