@@ -648,6 +648,37 @@ static int run_initiator(const options_t *o, size_t length, size_t max_block, in
     return rc;
 }
 
+/* ---- the initiator's watchdogs ---- */
+
+/* Set once the initiator has hung up: the target's exit is then expected. */
+static volatile sig_atomic_t initiator_done;
+
+static void say_and_exit(const char *message, size_t length)
+{
+    ssize_t ignored = write(2, message, length);
+    (void)ignored;
+    _exit(1);
+}
+
+/* A target that dies mid-run can leave shm's shared region locked (seen
+ * with 1.17: the initiator then spins in fi_writemsg forever), so its death
+ * ends the run here rather than through libfabric. */
+static void on_target_exit(int sig)
+{
+    static const char message[] = "bench-ofi-rma: the target died during the run\n";
+    (void)sig;
+    if (!initiator_done)
+        say_and_exit(message, sizeof(message) - 1);
+}
+
+/* The last bound, for a target that is alive but frozen. */
+static void on_alarm(int sig)
+{
+    static const char message[] = "bench-ofi-rma: the run took far longer than asked\n";
+    (void)sig;
+    say_and_exit(message, sizeof(message) - 1);
+}
+
 /* ---- command line ---- */
 
 static int parse_size(const char *text, size_t *size_p)
@@ -809,7 +840,11 @@ int main(int argc, char **argv)
         _exit(run_target(&o, length, pair[1]) == 0 ? 0 : 1);
     }
     close(pair[1]);
+    signal(SIGCHLD, on_target_exit);
+    signal(SIGALRM, on_alarm);
+    alarm((unsigned)(o.duration * o.n_sizes) + 60 + (unsigned)(length >> 24));
     int rc = run_initiator(&o, length, max_block, pair[0]);
+    initiator_done = 1;
     close(pair[0]); /* the target sees the hang-up and closes */
     int wstatus = 0;
     if (waitpid(pid, &wstatus, 0) != pid || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
