@@ -266,6 +266,20 @@ Test(netns, ucx_across_hosts)
     move_bytes("ucx", 1);
 }
 
+/* libfabric's tcp;ofi_rxm on the veth: each side's endpoint binds its
+ * engine's advertised (veth) address, and the bytes cross it.  ofi is
+ * opt-in and a software provider only a fallback: FERRY_TRANSPORTS=ofi
+ * and FERRY_OFI_PROVIDER name them (both inherited by the peer). */
+Test(netns, ofi_across_hosts)
+{
+    if (!service_module_built("ofi"))
+        cr_skip_test("the ofi module is not built (libfabric-dev missing)");
+    setenv("FERRY_OFI_PROVIDER", "tcp;ofi_rxm", 1);
+    start("ofi", "host-a", "host-b", 0, NULL);
+    check_addresses("host-b");
+    move_bytes("ofi", 1);
+}
+
 /* The same two namespaces with one host identity are one host: shm serves
  * (cross-memory attach), and the veth carries only the control traffic
  * (the descriptor fetch), far less than the payload. */

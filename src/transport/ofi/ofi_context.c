@@ -1,0 +1,459 @@
+/*
+ * The ofi context: provider choice (fi_getinfo), fabric, domain, the
+ * target endpoint and the progress thread; what ferry_info prints.
+ *
+ * Order of create (each step undone by context_close in reverse):
+ *   fi_getinfo -> fabric -> domain -> target CQ, AV, endpoint (enabled) ->
+ *   endpoint string -> wake eventfd -> progress thread.
+ * Order of stop (quiesce, then close): thread joined -> peers closed (their
+ * ops FAILED) -> [engine deregisters memory] -> target endpoint, AV, CQ ->
+ * domain -> fabric -> fi_info.  libfabric answers -FI_EBUSY to closing a
+ * parent whose children live, so that order is the only one that works.
+ */
+#include "ofi.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+/* What an empty FERRY_OFI_PROVIDER looks for, in this order. */
+static const char *const hardware_providers[] = {"efa", "verbs;ofi_rxm", "cxi", "psm3", "opx"};
+/* Cores that move bytes with the host's CPU and sockets or memory. */
+static const char *const software_cores[] = {"tcp", "udp", "sockets", "shm", "net", "sm2"};
+
+int ferry_ofi_provider_is_software(const char *prov_name)
+{
+    size_t core = strcspn(prov_name, ";");
+    for (size_t i = 0; i < FERRY_OFI_ARRAY_SIZE(software_cores); i++)
+        if (strlen(software_cores[i]) == core && strncmp(prov_name, software_cores[i], core) == 0)
+            return 1;
+    return 0;
+}
+
+static struct fi_info *make_hints(const char *prov_name, int hmem)
+{
+    struct fi_info *hints = fi_allocinfo();
+    if (hints == NULL)
+        return NULL;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    if (hmem)
+        hints->caps |= FI_HMEM;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    /* Every MR mode we honour (ofi_mem.c); the provider keeps the ones it needs. */
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                                  FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_RAW |
+                                  (hmem ? FI_MR_HMEM : 0);
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    if (prov_name != NULL) {
+        hints->fabric_attr->prov_name = strdup(prov_name);
+        if (hints->fabric_attr->prov_name == NULL) {
+            fi_freeinfo(hints);
+            return NULL;
+        }
+    }
+    return hints;
+}
+
+/* fi_getinfo for that provider; on IP providers the endpoint binds to the
+ * host we advertise (two namespaces' veth, a chosen interface), else to the
+ * provider's own choice. */
+static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
+                    struct fi_info **info_p)
+{
+    struct fi_info *hints = make_hints(prov_name, hmem);
+    if (hints == NULL)
+        return -FI_ENOMEM;
+    int ret = -FI_ENODATA;
+    const char *host = ofi->svc.advertise_host;
+    if (host != NULL && host[0] != '\0' && prov_name != NULL &&
+        strncmp(prov_name, "shm", 3) != 0)
+        ret = fi_getinfo(FERRY_OFI_API_VERSION, host, NULL, FI_SOURCE, hints, info_p);
+    if (ret != 0)
+        ret = fi_getinfo(FERRY_OFI_API_VERSION, NULL, NULL, 0, hints, info_p);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* "a, b, c": the providers fi_getinfo offers for RDM endpoints with RMA
+ * (malloc-ed; "none" when there are none). */
+static char *providers_seen(void)
+{
+    struct fi_info *hints = make_hints(NULL, 0), *list = NULL;
+    size_t size = 256, used = 0;
+    char *text = malloc(size);
+    if (text == NULL)
+        goto out;
+    text[0] = '\0';
+    if (hints == NULL || fi_getinfo(FERRY_OFI_API_VERSION, NULL, NULL, 0, hints, &list) != 0)
+        list = NULL;
+    for (struct fi_info *i = list; i != NULL; i = i->next) {
+        const char *name = i->fabric_attr->prov_name;
+        char quoted[256];
+        snprintf(quoted, sizeof(quoted), "%s%s", used ? ", " : "", name);
+        if (strstr(text, name) != NULL)
+            continue; /* one line per provider, not per interface */
+        size_t add = strlen(quoted);
+        if (used + add + 1 > size) {
+            char *bigger = realloc(text, size * 2 + add);
+            if (bigger == NULL)
+                break;
+            text = bigger;
+            size = size * 2 + add;
+        }
+        memcpy(text + used, quoted, add + 1);
+        used += add;
+    }
+    if (used == 0)
+        snprintf(text, size, "none");
+out:
+    if (list != NULL)
+        fi_freeinfo(list);
+    if (hints != NULL)
+        fi_freeinfo(hints);
+    return text;
+}
+
+static ferry_status_t choose_provider(ferry_ofi_t *ofi)
+{
+    const char *named = ofi->settings.provider;
+    int hmem = ofi->settings.hmem;
+    if (named[0] != '\0') {
+        int ret = get_info(ofi, named, hmem, &ofi->info);
+        if (ret != 0 && hmem) {
+            ferry_warn("FERRY_OFI_HMEM: provider \"%s\" offers no FI_HMEM; device memory gets "
+                       "no ofi key", named);
+            hmem = 0;
+            ret = get_info(ofi, named, 0, &ofi->info);
+        }
+        if (ret != 0) {
+            char *seen = providers_seen();
+            ferry_error("FERRY_OFI_PROVIDER=%s: libfabric offers no such provider for RDM "
+                        "endpoints with RMA (%s); it sees: %s", named, fi_strerror(-ret),
+                        seen ? seen : "?");
+            free(seen);
+            return FERRY_ERR_NOT_FOUND;
+        }
+    } else {
+        for (size_t i = 0; i < FERRY_OFI_ARRAY_SIZE(hardware_providers); i++) {
+            if (get_info(ofi, hardware_providers[i], hmem, &ofi->info) == 0 ||
+                (hmem && get_info(ofi, hardware_providers[i], 0, &ofi->info) == 0))
+                break;
+            ofi->info = NULL;
+        }
+        if (ofi->info == NULL) {
+            ferry_debug("ofi: no hardware provider (efa, verbs;ofi_rxm, cxi, psm3, opx); "
+                        "FERRY_OFI_PROVIDER names a software one");
+            return FERRY_ERR_UNSUPPORTED;
+        }
+    }
+    ofi->hmem = (ofi->info->caps & FI_HMEM) != 0;
+    ofi->mr_mode = ofi->info->domain_attr->mr_mode;
+    ofi->software = ferry_ofi_provider_is_software(ofi->info->fabric_attr->prov_name);
+    size_t tx = ofi->info->tx_attr->size;
+    ofi->window = tx != 0 && tx < ofi->settings.window ? (unsigned)tx : ofi->settings.window;
+    return FERRY_OK;
+}
+
+static ferry_status_t open_target(ferry_ofi_t *ofi)
+{
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_FD};
+    int ret = fi_cq_open(ofi->domain, &cq_attr, &ofi->target_cq, NULL);
+    if (ret == -FI_ENOSYS || ret == -FI_EINVAL || ret == -FI_EOPNOTSUPP) {
+        /* shm has no wait object: the thread naps instead (FERRY_OFI_NAP) */
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        ret = fi_cq_open(ofi->domain, &cq_attr, &ofi->target_cq, NULL);
+    }
+    if (ret != 0) {
+        ferry_error("ofi: fi_cq_open: %s", fi_strerror(-ret));
+        return ferry_ofi_status(ret);
+    }
+    if (cq_attr.wait_obj == FI_WAIT_FD &&
+        fi_control(&ofi->target_cq->fid, FI_GETWAIT, &ofi->target_fd) != 0)
+        ofi->target_fd = -1;
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    const char *step = "fi_av_open";
+    if ((ret = fi_av_open(ofi->domain, &av_attr, &ofi->target_av, NULL)) != 0)
+        goto err;
+    step = "fi_endpoint";
+    if ((ret = fi_endpoint(ofi->domain, ofi->info, &ofi->target_ep, NULL)) != 0)
+        goto err;
+    step = "fi_ep_bind";
+    if ((ret = fi_ep_bind(ofi->target_ep, &ofi->target_av->fid, 0)) != 0 ||
+        (ret = fi_ep_bind(ofi->target_ep, &ofi->target_cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+        goto err;
+    step = "fi_enable";
+    if ((ret = fi_enable(ofi->target_ep)) != 0)
+        goto err;
+    return FERRY_OK;
+err:
+    ferry_error("ofi: %s (target endpoint, %s): %s", step, ofi->info->fabric_attr->prov_name,
+                fi_strerror(-ret));
+    return ferry_ofi_status(ret);
+}
+
+static ferry_status_t make_address(ferry_ofi_t *ofi)
+{
+    char name[1024];
+    size_t name_length = sizeof(name);
+    int ret = fi_getname(&ofi->target_ep->fid, name, &name_length);
+    if (ret != 0) {
+        ferry_error("ofi: fi_getname: %s", fi_strerror(-ret));
+        return ferry_ofi_status(ret);
+    }
+    char *hex = ferry_ofi_hex_encode(name, name_length);
+    if (hex == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    char identity[192];
+    ferry_process_identity(identity, sizeof(identity));
+    size_t length = strlen(FERRY_OFI_ENDPOINT_PREFIX) + strlen(ofi->info->fabric_attr->prov_name) +
+                    strlen(identity) + strlen(hex) + 3;
+    ofi->address = malloc(length);
+    if (ofi->address != NULL)
+        snprintf(ofi->address, length, FERRY_OFI_ENDPOINT_PREFIX "%s:%s:%s",
+                 ofi->info->fabric_attr->prov_name, identity, hex);
+    free(hex);
+    return ofi->address ? FERRY_OK : FERRY_ERR_NO_MEMORY;
+}
+
+void ferry_ofi_wake(ferry_ofi_t *ofi)
+{
+    if (atomic_load_explicit(&ofi->sleeping, memory_order_acquire)) {
+        uint64_t one = 1;
+        if (write(ofi->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            ferry_debug("ofi: wake: %s", strerror(errno));
+    }
+}
+
+/* Every busy peer's CQ, then the target's. */
+static unsigned progress_all(ferry_ofi_t *ofi)
+{
+    unsigned events = 0;
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
+        size_t count = 0;
+        ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
+        for (size_t i = 0; i < count; i++) {
+            events += ferry_ofi_peer_progress(busy[i]);
+            ferry_ofi_peer_put(busy[i]);
+        }
+        free(busy);
+    }
+    return events + ferry_ofi_target_progress(ofi);
+}
+
+unsigned ferry_ofi_progress(void *ctx)
+{
+    ferry_ofi_t *ofi = ctx;
+    atomic_fetch_add_explicit(&ofi->caller_polls, 1, memory_order_relaxed);
+    return progress_all(ofi);
+}
+
+void ferry_ofi_progress_leave(void *ctx)
+{
+    ferry_ofi_t *ofi = ctx;
+    uint64_t one = 1;
+    if (write(ofi->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        ferry_debug("ofi: wake: %s", strerror(errno));
+}
+
+static void nap_us(unsigned us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
+static void sleep_idle(ferry_ofi_t *ofi, int timeout_ms)
+{
+    atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 ||
+        atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
+        atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
+        return;
+    }
+    struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN}, {.fd = -1}};
+    nfds_t n = 1;
+    struct fid *cq = &ofi->target_cq->fid;
+    if (ofi->target_fd >= 0 && fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
+        fds[1] = (struct pollfd){.fd = ofi->target_fd, .events = POLLIN};
+        n = 2;
+    } else if (ofi->target_fd >= 0) {
+        timeout_ms = 0; /* the CQ has something: read it */
+    } else {
+        timeout_ms = 0; /* no wait object: nap below */
+    }
+    if (timeout_ms > 0 && poll(fds, n, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
+        uint64_t count;
+        if (read(ofi->wake_fd, &count, sizeof(count)) < 0)
+            count = 0;
+    }
+    atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
+    if (ofi->target_fd < 0)
+        nap_us(ofi->settings.nap_us);
+}
+
+/* Polls while ops are posted (manual progress: on tcp;ofi_rxm the reads of
+ * the CQ are what move the bytes), keeps off while callers poll
+ * (ferry_batch_wait's spin), sleeps otherwise: on the target CQ's fd where
+ * the provider has one, else in naps, since rxm and shm serve peers' RMA
+ * only while somebody reads the target endpoint's CQ. */
+static void *progress_thread(void *arg)
+{
+    ferry_ofi_t *ofi = arg;
+    uint64_t seen_polls = 0, last_sweep = ferry_ofi_time_ms();
+    unsigned off_us = 0;
+    while (!atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
+        uint64_t now = ferry_ofi_time_ms();
+        if (now - last_sweep >= 10) {
+            ferry_ofi_peers_sweep(ofi);
+            last_sweep = now;
+        }
+        uint64_t polls = atomic_load_explicit(&ofi->caller_polls, memory_order_relaxed);
+        if (polls != seen_polls && !ofi->poll_mode) {
+            /* a caller polls: nap, growing, until it stops */
+            seen_polls = polls;
+            off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
+            nap_us(off_us);
+            continue;
+        }
+        off_us = 0;
+        unsigned events = progress_all(ofi);
+        if (events != 0)
+            continue;
+        if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 || ofi->poll_mode) {
+            sched_yield();
+            continue;
+        }
+        unsigned timeout = ofi->settings.timeout_ms / 4;
+        sleep_idle(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+    }
+    return NULL;
+}
+
+ferry_status_t ferry_ofi_context_start(ferry_ofi_t *ofi)
+{
+    ferry_status_t status = choose_provider(ofi);
+    if (status != FERRY_OK)
+        return status;
+    const char *prov = ofi->info->fabric_attr->prov_name;
+    int ret = fi_fabric(ofi->info->fabric_attr, &ofi->fabric, NULL);
+    if (ret == 0)
+        ret = fi_domain(ofi->fabric, ofi->info, &ofi->domain, NULL);
+    if (ret != 0) {
+        ferry_error("ofi: opening provider %s: %s", prov, fi_strerror(-ret));
+        return ferry_ofi_status(ret);
+    }
+    atomic_init(&ofi->next_key, 1);
+    if ((status = open_target(ofi)) != FERRY_OK || (status = make_address(ofi)) != FERRY_OK)
+        return status;
+    ofi->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ofi->wake_fd < 0) {
+        ferry_error("ofi: eventfd: %s", strerror(errno));
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    if (pthread_create(&ofi->thread, NULL, progress_thread, ofi) != 0) {
+        ferry_error("ofi: cannot start the progress thread");
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    ofi->thread_started = 1;
+    ferry_info("ofi: provider %s (%s), mr_mode 0x%x, window %u, writes %s-complete%s", prov,
+               ofi->software ? "software" : "hardware", ofi->mr_mode, ofi->window,
+               ofi->write_flags == FI_DELIVERY_COMPLETE ? "delivery" : "transmit",
+               ofi->hmem ? ", FI_HMEM" : "");
+    return FERRY_OK;
+}
+
+void ferry_ofi_context_quiesce(ferry_ofi_t *ofi)
+{
+    if (ofi->thread_started) {
+        atomic_store_explicit(&ofi->stop, 1, memory_order_release);
+        uint64_t one = 1;
+        if (write(ofi->wake_fd, &one, sizeof(one)) < 0)
+            ferry_debug("ofi: wake: %s", strerror(errno));
+        pthread_join(ofi->thread, NULL);
+        ofi->thread_started = 0;
+    }
+    ferry_ofi_peers_close_all(ofi);
+}
+
+static void close_fid(struct fid *fid, const char *what)
+{
+    if (fid == NULL)
+        return;
+    int ret = fi_close(fid);
+    if (ret != 0)
+        ferry_warn("ofi: closing the %s: %s", what, fi_strerror(-ret));
+}
+
+void ferry_ofi_context_close(ferry_ofi_t *ofi)
+{
+    close_fid(ofi->target_ep ? &ofi->target_ep->fid : NULL, "target endpoint");
+    close_fid(ofi->target_av ? &ofi->target_av->fid : NULL, "target address vector");
+    close_fid(ofi->target_cq ? &ofi->target_cq->fid : NULL, "target completion queue");
+    close_fid(ofi->domain ? &ofi->domain->fid : NULL, "domain");
+    close_fid(ofi->fabric ? &ofi->fabric->fid : NULL, "fabric");
+    ofi->target_ep = NULL;
+    ofi->target_av = NULL;
+    ofi->target_cq = NULL;
+    ofi->domain = NULL;
+    ofi->fabric = NULL;
+    if (ofi->info != NULL)
+        fi_freeinfo(ofi->info);
+    ofi->info = NULL;
+    if (ofi->wake_fd >= 0)
+        close(ofi->wake_fd);
+    ofi->wake_fd = -1;
+}
+
+void ferry_ofi_print_info(FILE *out)
+{
+    uint32_t version = fi_version();
+    fprintf(out, "ofi: libfabric %u.%u (built against %u.%u)\n", FI_MAJOR(version),
+            FI_MINOR(version), FI_MAJOR_VERSION, FI_MINOR_VERSION);
+    char *seen = providers_seen();
+    fprintf(out, "ofi: providers for RDM endpoints with RMA: %s\n", seen ? seen : "?");
+    if (seen != NULL && strcmp(seen, "none") != 0) {
+        fprintf(out, "ofi: software (run only when FERRY_OFI_PROVIDER names them):");
+        char *save = NULL;
+        for (char *name = strtok_r(seen, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+            name += strspn(name, " ");
+            if (ferry_ofi_provider_is_software(name))
+                fprintf(out, " %s", name);
+        }
+        fprintf(out, "\n");
+    }
+    free(seen);
+    ferry_ofi_settings_t settings;
+    const char *in_use = "none (no hardware provider, none named)";
+    char chosen[256] = "";
+    if (ferry_settings_read("OFI", ferry_ofi_settings_table, ferry_ofi_settings_count,
+                            &settings) == FERRY_OK) {
+        ferry_ofi_t probe = {.settings = settings};
+        int saved = ferry_log_level_current;
+        ferry_log_level_current = -1; /* a missing named provider is said below */
+        if (choose_provider(&probe) == FERRY_OK) {
+            snprintf(chosen, sizeof(chosen), "%s (%s, mr_mode 0x%x%s)",
+                     probe.info->fabric_attr->prov_name,
+                     probe.software ? "software" : "hardware", probe.mr_mode,
+                     probe.hmem ? ", FI_HMEM" : "");
+            in_use = chosen;
+            fi_freeinfo(probe.info);
+        } else if (settings.provider[0] != '\0') {
+            snprintf(chosen, sizeof(chosen), "none: FERRY_OFI_PROVIDER=%s is not offered",
+                     settings.provider);
+            in_use = chosen;
+        }
+        ferry_log_level_current = saved;
+        ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &settings);
+    }
+    fprintf(out, "ofi: in use: %s\n", in_use);
+    fprintf(out, "ofi: no hardware provider and no FI_HMEM path has run on real hardware yet "
+                 "(tested: tcp;ofi_rxm and shm)\n");
+}

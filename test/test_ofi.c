@@ -1,0 +1,508 @@
+/*
+ * The ofi (libfabric) transport: two-process transfers over tcp;ofi_rxm
+ * and shm, keys through the descriptor, forged descriptors, unregistered
+ * buffers, killed, frozen and restarted peers, settings and ferry_info.
+ * (Across two network namespaces: test_netns, ofi_across_hosts.)
+ *
+ * Every test sets FERRY_* variables before it starts peers or the engine:
+ * peers inherit the environment, and Criterion runs each test in a process
+ * of its own.  ofi is opt-in and software providers are only a fallback,
+ * so the tests name both the transport and the provider.
+ */
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/personality.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "capture_stderr.h"
+#include "one_request.h"
+#include "peer_process.h"
+#include "put_get.h"
+#include "service_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+#define TCP "tcp;ofi_rxm"
+#define SHM "shm"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static ferry_engine_h engine;
+static unsigned char *local;
+static size_t local_size = 72 * MIB;
+
+static void skip_unless_built(void)
+{
+    if (!service_module_built("ofi"))
+        cr_skip_test("the ofi module is not built (libfabric-dev missing)");
+}
+
+/* Engine and peers use ofi through provider. */
+static void start(const char *provider)
+{
+    skip_unless_built();
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", provider, 1);
+    setenv("FERRY_OFI_TIMEOUT", "2000", 1); /* tight, yet above a loaded host's stalls */
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, local_size), 0);
+    memset(local, 1, local_size);
+}
+
+static void stop(void)
+{
+    if (engine)
+        ferry_engine_destroy(engine);
+    engine = NULL;
+    free(local);
+    local = NULL;
+}
+
+TestSuite(ofi, .fini = stop, .timeout = 120);
+
+static ferry_status_t transfer(ferry_opcode_t op, void *buf, ferry_segment_h segment,
+                               uint64_t remote, size_t length, const char *want_transport)
+{
+    return one_request_served_by(engine, op, buf, segment, remote, length, want_transport);
+}
+
+/* Write then read back 1 B .. 64 MiB at unaligned offsets, bytes checked on
+ * both sides; the local buffer registered or not; a batch of 64. */
+static void put_get(const char *provider)
+{
+    start(provider);
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 70 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+    static const size_t sizes[] = {1, 7, 4096, 65537, MIB + 3, 64 * MIB};
+    put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]), "ofi");
+    put_get_unregistered(engine, &peer, segment, "ofi");
+    put_get_batch(engine, &peer, segment, local, "ofi");
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(ofi, put_get_over_tcp_rxm_1B_to_64MiB)
+{
+    put_get(TCP);
+}
+
+Test(ofi, put_get_over_shm_1B_to_64MiB)
+{
+    put_get(SHM);
+}
+
+/* Small slices and a window of 2: many more operations than the window,
+ * each waiting for room, and transmit-complete writes. */
+Test(ofi, small_slices_through_a_small_window)
+{
+    setenv("FERRY_OFI_SLICE_SIZE", "4k", 1);
+    setenv("FERRY_OFI_WINDOW", "2", 1);
+    setenv("FERRY_OFI_COMPLETION", "transmit", 1);
+    put_get(TCP);
+}
+
+/* The key and the endpoint are text in the descriptor, and work. */
+Test(ofi, key_and_endpoint_survive_the_descriptor_round_trip)
+{
+    start(TCP);
+    peer_process_t peer;
+    ferry_segment_h segment;
+    char *json;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_segment_describe(engine, segment, &json), FERRY_OK);
+    cr_assert_not_null(strstr(json, "\"ofi\":\"ofi1:tcp;ofi_rxm:"), "no ofi endpoint in %s",
+                       json);
+    const char *keys = strstr(json, "\"keys\"");
+    cr_assert_not_null(keys);
+    cr_assert_not_null(strstr(keys, "\"ofi\":\"o1:"), "no ofi key in %s", json);
+    free(json);
+    test_pattern_fill(local, MIB, 3);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ofi"), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 3", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+/* Put into the store a copy of segment "honest"'s descriptor named
+ * "forged" whose buffer of honest_length bytes claims 1 GiB instead. */
+static void publish_forged(const service_t *metad, size_t honest_length)
+{
+    static char json[1 << 16];
+    size_t length;
+    cr_assert_eq(http_call(metad->port, "GET", "/metadata?key=ferry%2Fsegments%2Fhonest", NULL,
+                           NULL, 0, json, sizeof(json), &length),
+                 200);
+    char buffer_length[32];
+    static char forged[1 << 17];
+    snprintf(buffer_length, sizeof(buffer_length), "\"length\":\"%zu\"", honest_length);
+    char *name = strstr(json, "\"name\":\"honest\"");
+    char *buffer = strstr(json, buffer_length);
+    cr_assert(name != NULL && buffer != NULL, "unexpected descriptor %s", json);
+    *name = '\0';
+    *buffer = '\0';
+    int n = snprintf(forged, sizeof(forged), "%s\"name\":\"forged\"%.*s\"length\":\"1073741824\"%s",
+                     json, (int)(buffer - name - strlen("\"name\":\"honest\"")),
+                     name + strlen("\"name\":\"honest\""), buffer + strlen(buffer_length));
+    cr_assert(n > 0 && (size_t)n < sizeof(forged));
+    cr_assert_eq(http_call(metad->port, "PUT", "/metadata?key=ferry%2Fsegments%2Fforged", NULL,
+                           forged, strlen(forged), NULL, 0, NULL),
+                 200);
+}
+
+/* A descriptor whose buffer claims 1 GiB where 1 MiB is registered:
+ * confirm: the owner's confirmation refuses it (the engine's check);
+ * without it, the transport's own check against the key's registered
+ * length refuses it.  Either way before anything is posted: the memory
+ * past the registration is untouched, and writes inside it work. */
+static void forged_descriptor(int confirm)
+{
+    skip_unless_built();
+    setenv("FERRY_CONFIRM_DESCRIPTORS", confirm ? "yes" : "no", 1);
+    service_t metad;
+    service_start_forgery_store(&metad);
+    start(TCP);
+    peer_process_t peer;
+    static const char *const honest_env[] = {"FERRY_SEGMENT_NAME=honest", NULL};
+    cr_assert_eq(peer_start(&peer, honest_env), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 21", MIB, MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, MIB));
+    publish_forged(&metad, MIB);
+
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, "forged", &segment), FERRY_OK);
+    for (size_t length = 1; length <= 256 * 1024; length *= 8) {
+        test_pattern_fill(local, length, (unsigned)length);
+        if (!confirm) {
+            cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + 64, length, "ofi"),
+                         FERRY_OK, "%zu bytes inside the registration", length);
+            cr_assert_str_eq(peer_cmd(&peer, "check 64 %zu %zu", length, length), "OK");
+        }
+        cr_assert_neq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB + 4096, length,
+                               NULL),
+                      FERRY_OK, "%zu bytes past the registration", length);
+        size_t across = length < 2 ? 2 : length;
+        cr_assert_neq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 1, across, NULL),
+                      FERRY_OK, "%zu bytes across its end", across);
+        cr_assert_neq(transfer(FERRY_OP_READ, local, segment, peer.arena + MIB + 4096, length,
+                               NULL),
+                      FERRY_OK, "a read of %zu bytes past the registration", length);
+    }
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, MIB), before,
+                     "memory outside the registration changed");
+    /* The honest segment still works. */
+    ferry_segment_h honest;
+    cr_assert_eq(ferry_segment_open(engine, "honest", &honest), FERRY_OK);
+    test_pattern_fill(local, MIB, 5);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, honest, peer.arena, MIB, "ofi"), FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 5", MIB), "OK");
+    ferry_segment_close(engine, honest);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    stop(); /* the engine leaves the store before the store goes */
+    service_cleanup(&metad);
+}
+
+Test(ofi, forged_descriptor_refused_by_the_owners_confirmation)
+{
+    forged_descriptor(1);
+}
+
+Test(ofi, forged_descriptor_refused_by_the_key_before_anything_is_posted)
+{
+    forged_descriptor(0);
+}
+
+/* After the target unregisters a buffer, requests to it are refused and
+ * no memory outside live registrations changes. */
+static void unregistered_buffer(const char *provider)
+{
+    start(provider);
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", MIB, MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 11);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, MIB, "ofi"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 12", MIB, 2 * MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB));
+    test_pattern_fill(local, MIB, 13);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write to the unregistered buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_READ, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a read of the unregistered buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 8, 16, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write across the end of a buffer is refused");
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ofi"), FERRY_OK,
+                 "the live buffer still works");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 13", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB), before,
+                     "memory outside the live registrations changed");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
+Test(ofi, unregistered_buffer_is_refused_and_untouched_over_tcp_rxm)
+{
+    unregistered_buffer(TCP);
+}
+
+Test(ofi, unregistered_buffer_is_refused_and_untouched_over_shm)
+{
+    unregistered_buffer(SHM);
+}
+
+struct killer {
+    peer_process_t *victim;
+    int sig;
+    unsigned delay_ms;
+    double at;
+};
+
+static void *kill_later(void *arg)
+{
+    struct killer *k = arg;
+    usleep(k->delay_ms * 1000);
+    k->at = now();
+    kill(k->victim->pid, k->sig);
+    return NULL;
+}
+
+/* Batches of 64 large writes (or reads) to a victim, hurt while they run:
+ * they FAIL with FERRY_ERR_PEER_FAILED within the bound, and another peer
+ * still works. */
+static void check_failure_within_bound(const char *provider, int sig, ferry_opcode_t op)
+{
+    start(provider);
+    peer_process_t victim, bystander;
+    ferry_segment_h victim_seg, bystander_seg;
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_eq(peer_start(&bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, victim_seg, victim.arena, 4096, "ofi"),
+                 FERRY_OK);
+
+    enum { N = 64 };
+    ferry_batch_h batch;
+    ferry_request_t reqs[N];
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = op, .local = local, .target = victim_seg,
+                                    .target_offset = victim.arena, .length = 64 * MIB};
+    struct killer k = {.victim = &victim, .sig = sig, .delay_ms = 100};
+    pthread_t thread;
+    pthread_create(&thread, NULL, kill_later, &k);
+    double begin = now();
+    ferry_status_t status;
+    do {
+        status = ferry_batch_submit(batch, reqs, N);
+        if (status == FERRY_OK)
+            status = ferry_batch_wait(batch, 20000);
+    } while (status == FERRY_OK && now() - begin < 15.0);
+    double failed_at = now();
+    pthread_join(thread, NULL); /* k.at is the killer's until it is joined */
+    double elapsed = failed_at - k.at;
+    cr_assert_neq(status, FERRY_OK, "requests cannot keep succeeding once the peer is gone");
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
+    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_OFI_TIMEOUT=2 s)", elapsed);
+    int failed = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
+        if (xs.state == FERRY_XFER_FAILED) {
+            failed++;
+            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
+                         ferry_status_string(xs.error));
+        }
+    }
+    cr_assert_gt(failed, 0);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+
+    /* Other peers are unaffected. */
+    test_pattern_fill(local, 4 * MIB, 8);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander.arena, 4 * MIB, "ofi"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
+    if (sig != SIGKILL)
+        kill(victim.pid, SIGKILL);
+    peer_kill(&victim, SIGKILL);
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(&bystander);
+}
+
+Test(ofi, killed_peer_fails_in_flight_writes_over_tcp_rxm)
+{
+    check_failure_within_bound(TCP, SIGKILL, FERRY_OP_WRITE);
+}
+
+Test(ofi, killed_peer_fails_in_flight_reads_over_tcp_rxm)
+{
+    check_failure_within_bound(TCP, SIGKILL, FERRY_OP_READ);
+}
+
+Test(ofi, killed_peer_fails_in_flight_writes_over_shm)
+{
+    check_failure_within_bound(SHM, SIGKILL, FERRY_OP_WRITE);
+}
+
+Test(ofi, frozen_peer_fails_in_flight_writes_within_timeout_over_tcp_rxm)
+{
+    check_failure_within_bound(TCP, SIGSTOP, FERRY_OP_WRITE);
+}
+
+Test(ofi, frozen_peer_fails_in_flight_reads_within_timeout_over_shm)
+{
+    check_failure_within_bound(SHM, SIGSTOP, FERRY_OP_READ);
+}
+
+/* A peer (1 MiB registered, written to) that dies and starts again under
+ * the same name (its RPC address) with its arena at the same place: the
+ * cached descriptor names the dead incarnation's endpoint; the engine
+ * notices and reaches the new one with no user action. */
+static void restarted_peer(const char *provider)
+{
+    personality(ADDR_NO_RANDOMIZE);
+    start(provider);
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 1);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first.arena, MIB, "ofi"), FERRY_OK);
+    peer_kill(&first, SIGKILL);
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(&second, env), 0);
+    cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
+    cr_assert_eq(second.arena, first.arena, "no address randomization, the same arena");
+    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+
+    double start_time = now();
+    test_pattern_fill(local, MIB, 2);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, second.arena, MIB, "ofi"), FERRY_OK);
+    cr_assert_lt(now() - start_time, 2.0, "the dead incarnation was noticed at once");
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 2", MIB), "OK");
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+}
+
+Test(ofi, restarted_peer_is_reached_again_over_tcp_rxm)
+{
+    restarted_peer(TCP);
+}
+
+Test(ofi, restarted_peer_is_reached_again_over_shm)
+{
+    restarted_peer(SHM);
+}
+
+static const char *info_output(const char *env, const char *args)
+{
+    static char output[1 << 16];
+    char command[1024];
+    const char *info = getenv("FERRY_INFO");
+    cr_assert_not_null(info);
+    snprintf(command, sizeof(command), "%s %s %s 2>&1", env, info, args);
+    FILE *pipe = popen(command, "r");
+    cr_assert_not_null(pipe);
+    size_t n = fread(output, 1, sizeof(output) - 1, pipe);
+    output[n] = '\0';
+    pclose(pipe);
+    return output;
+}
+
+/* ferry_info: libfabric's version, the providers it sees, which are
+ * software, the one in use, the warning about real hardware, the settings. */
+Test(ofi, ferry_info_shows_the_providers)
+{
+    skip_unless_built();
+    const char *output = info_output("FERRY_OFI_PROVIDER=shm", "; $FERRY_INFO -c");
+    const char *expected[] = {"transport ofi", "ofi: libfabric 1.", "tcp;ofi_rxm", "shm",
+                              "software", "ofi: in use: shm (software", "real hardware",
+                              "FERRY_OFI_PROVIDER=", "FERRY_OFI_TIMEOUT=",
+                              "FERRY_OFI_SLICE_SIZE=", "FERRY_OFI_COMPLETION=delivery"};
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        cr_assert(strstr(output, expected[i]) != NULL, "missing %s in:\n%s", expected[i],
+                  output);
+    cr_assert_not_null(strstr(info_output("", ""), "ofi: in use: none"),
+                       "no hardware provider here: ofi stays off by default");
+}
+
+/* A named provider that is not there: engine creation fails, naming it
+ * and listing what libfabric sees. */
+static void create_engine(void *arg)
+{
+    *(ferry_status_t *)arg = ferry_engine_create(NULL, &engine);
+}
+
+Test(ofi, missing_provider_is_named_with_the_ones_libfabric_sees)
+{
+    skip_unless_built();
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", "nosuch", 1);
+    ferry_status_t status = FERRY_OK;
+    char *log = capture_stderr(create_engine, &status);
+    cr_assert_neq(status, FERRY_OK);
+    engine = NULL;
+    cr_assert_not_null(strstr(log, "FERRY_OFI_PROVIDER=nosuch"), "%s", log);
+    cr_assert_not_null(strstr(log, "it sees: "), "%s", log);
+    cr_assert_not_null(strstr(log, "tcp;ofi_rxm"), "%s", log);
+    free(log);
+}
+
+/* Without a provider named and no hardware, ofi stays off: silently by
+ * default, an error when FERRY_TRANSPORTS asks for it. */
+Test(ofi, off_without_hardware_unless_named)
+{
+    skip_unless_built();
+    unsetenv("FERRY_OFI_PROVIDER");
+    unsetenv("FERRY_TRANSPORTS");
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    ferry_engine_destroy(engine);
+    engine = NULL;
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    engine = NULL;
+}
+
+Test(ofi, bad_setting_fails_engine_creation)
+{
+    skip_unless_built();
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", TCP, 1);
+    setenv("FERRY_OFI_COMPLETION", "sometimes", 1);
+    cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    engine = NULL;
+}
