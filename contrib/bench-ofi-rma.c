@@ -55,6 +55,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,7 @@ typedef struct options {
     int latency;
     int transmit_complete;
     int thread_safe;
+    int yield;               /* --idle=yield: sched_yield when a CQ read finds nothing */
 } options_t;
 
 /* One side's libfabric objects.  Opened in the order of the fields and
@@ -189,6 +191,8 @@ static struct fi_info *make_hints(const options_t *o)
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                   FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = o->thread_safe ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
+    /* The ofi transport's hint too (the flags of each write say it anyway). */
+    hints->tx_attr->op_flags = o->transmit_complete ? FI_TRANSMIT_COMPLETE : FI_DELIVERY_COMPLETE;
     hints->fabric_attr->prov_name = strdup(o->provider);
     if (hints->fabric_attr->prov_name == NULL) {
         fi_freeinfo(hints);
@@ -359,8 +363,11 @@ static int run_target(const options_t *o, size_t length, int sock)
         rc = -1;
     struct fi_cq_entry entries[CQ_BURST];
     for (unsigned spins = 0; rc == 0; spins++) {
-        if (cq_reap(s.cq, entries) < 0)
+        int n = cq_reap(s.cq, entries);
+        if (n < 0)
             rc = -1;
+        else if (n == 0 && o->yield)
+            sched_yield();
         if ((spins & 1023) == 0) {
             struct pollfd pfd = {.fd = sock, .events = POLLIN};
             if (poll(&pfd, 1, 0) > 0)
@@ -435,7 +442,11 @@ static int drain(initiator_t *in, unsigned until)
             return -1;
         if (n > 0) {
             limit = 0;
-        } else if ((spins & 4095) == 0) {
+            continue;
+        }
+        if (in->opts->yield)
+            sched_yield();
+        if ((spins & 4095) == 0) {
             double now = now_s();
             if (limit == 0) {
                 limit = now + STALL_LIMIT_S;
@@ -546,11 +557,11 @@ static int run_bandwidth(initiator_t *in, size_t block)
            bytes / seconds / 1e9);
     printf("RESULT operation=%s provider=%s block_size=%zu batch_size=%zu window=%u "
            "buffer_size=%zu seconds=%.3f bytes=%" PRIu64 " batches=%" PRIu64 " gbps=%.4f "
-           "requests_per_s=%.0f completion=%s threading=%s verified=once status=ok\n",
+           "requests_per_s=%.0f completion=%s threading=%s idle=%s verified=once status=ok\n",
            op_name(o), in->side.info->fabric_attr->prov_name, block, o->batch, in->window,
            buffer, seconds, bytes, batches, bytes / seconds / 1e9,
            (double)batches * o->batch / seconds, completion_name(in, o->write),
-           o->thread_safe ? "safe" : "domain");
+           o->thread_safe ? "safe" : "domain", o->yield ? "yield" : "spin");
     return 0;
 }
 
@@ -596,9 +607,10 @@ static int run_latency(initiator_t *in, size_t block)
                in->side.info->fabric_attr->prov_name, block, completion_name(in, o->write),
                median, p99, count * LATENCY_GROUP);
         printf("LATENCY operation=%s provider=%s block_size=%zu median_us=%.3f p99_us=%.3f "
-               "samples=%zu completion=%s threading=%s\n", op_name(o),
+               "samples=%zu completion=%s threading=%s idle=%s\n", op_name(o),
                in->side.info->fabric_attr->prov_name, block, median, p99, count,
-               completion_name(in, o->write), o->thread_safe ? "safe" : "domain");
+               completion_name(in, o->write), o->thread_safe ? "safe" : "domain",
+               o->yield ? "yield" : "spin");
     }
     free(samples);
     return rc;
@@ -727,7 +739,10 @@ static void usage(FILE *out)
         "                          99th percentile of 32-operation means, in microseconds\n"
         "  --transmit-complete     writes complete at FI_TRANSMIT_COMPLETE, not\n"
         "                          FI_DELIVERY_COMPLETE\n"
-        "  --threading=MODE        domain (default: FI_THREAD_DOMAIN) or safe (FI_THREAD_SAFE)\n",
+        "  --threading=MODE        domain (default: FI_THREAD_DOMAIN) or safe (FI_THREAD_SAFE)\n"
+        "  --idle=MODE             what a side does when its CQ has nothing: spin (default)\n"
+        "                          or yield (sched_yield: for a machine with more runnable\n"
+        "                          processes than cores)\n",
         DEFAULT_BATCH, DEFAULT_WINDOW);
 }
 
@@ -739,7 +754,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"window", required_argument, NULL, 'w'},    {"buffer-size", required_argument, NULL, 'S'},
         {"slice-size", required_argument, NULL, 's'}, {"duration", required_argument, NULL, 'd'},
         {"latency", no_argument, NULL, 'L'},         {"transmit-complete", no_argument, NULL, 'T'},
-        {"threading", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+        {"threading", required_argument, NULL, 't'}, {"idle", required_argument, NULL, 'i'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     *o = (options_t){.provider = "tcp;ofi_rxm", .write = 1, .batch = DEFAULT_BATCH,
@@ -766,6 +782,13 @@ static int parse_options(int argc, char **argv, options_t *o)
                 return -1;
             }
             o->thread_safe = strcmp(optarg, "safe") == 0;
+            break;
+        case 'i':
+            if (strcmp(optarg, "spin") && strcmp(optarg, "yield")) {
+                fprintf(stderr, "bench-ofi-rma: --idle is spin or yield, not %s\n", optarg);
+                return -1;
+            }
+            o->yield = strcmp(optarg, "yield") == 0;
             break;
         case 'B':
         case 'w':
