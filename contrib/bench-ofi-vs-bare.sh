@@ -188,8 +188,8 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "medians of $runs runs (GB/s = 10^9 B/s; latency in us); x/bare: ratio of the medians"
 echo "(by run: median of each run's ratio); targets: bandwidth >= 0.9x, latency <= 1.2x"
-# shellcheck disable=SC2059 # the format is ours, used twice
 header="%-24s %7s %7s %7s %7s  %-16s %-5s %-16s %-16s\n"
+# shellcheck disable=SC2059 # the format is ours
 printf "$header" "" ofi ofi2 bare native "ofi/bare (run)" "" "ofi2/bare (run)" "ofi/native (run)"
 row() { # label key higher_is_better target
     k=$tmp/$2
