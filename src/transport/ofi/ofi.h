@@ -100,6 +100,7 @@ typedef struct ferry_ofi_peer {
     uint64_t generation;
     long pid;             /* same kernel and pid namespace, else 0 */
     unsigned long long start_time;
+    int pidfd;            /* pidfd_open(pid), or -1 */
     atomic_uint refs;
     atomic_uint_fast64_t checked_ms; /* last liveness look (same-host peers) */
 
@@ -130,6 +131,14 @@ struct ferry_ofi_op {
     ferry_ofi_op_t *prev, *next;
 };
 
+/* An endpoint that could not be closed safely (ofi_peer.c, must_park). */
+typedef struct ferry_ofi_parked {
+    struct fid_ep *ep;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct ferry_ofi_parked *next;
+} ferry_ofi_parked_t;
+
 typedef struct ferry_ofi_mem {
     struct fid_mr *mr;
     void *desc; /* fi_mr_desc, for local use under FI_MR_LOCAL */
@@ -144,6 +153,8 @@ struct ferry_ofi {
     uint64_t write_flags;    /* FI_DELIVERY_COMPLETE or FI_TRANSMIT_COMPLETE */
     struct fi_info *info;    /* the provider in use */
     int software;            /* a software provider (tcp, shm, ...) */
+    int silent_deaths;       /* a dead peer gives no CQ error (shm): the sweep
+                                looks a same-host peer up in /proc */
     int mr_mode;             /* info->domain_attr->mr_mode */
     int hmem;                /* FI_HMEM asked and offered */
     unsigned window;         /* min(settings.window, tx_attr->size) */
@@ -158,8 +169,10 @@ struct ferry_ofi {
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
     char *address;           /* our endpoint string; immutable after create */
 
-    pthread_mutex_t lock;    /* peers */
+    int park_on_silence;     /* tcp;ofi_rxm: see ofi_peer.c, must_park */
+    pthread_mutex_t lock;    /* peers, parked */
     ferry_ofi_peer_t *peers;
+    ferry_ofi_parked_t *parked; /* never closed: domain and fabric stay too */
     atomic_uint busy_peers;  /* peers with ops posted: the thread polls */
 
     pthread_t thread;
@@ -223,8 +236,12 @@ void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op);
 ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
                                   ferry_ofi_peer_t **p_p);
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p);
-/* Mark failed (first status wins), close the endpoint, fail its ops. */
-void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what);
+/* Whether the peer's process is gone (same-host peers only; see ofi_peer.c). */
+int ferry_ofi_peer_dead(ferry_ofi_peer_t *p);
+/* Mark failed (first status wins), close the endpoint (or park it:
+ * ofi_peer.c), fail its ops.  provider_saw_it: a CQ error entry said so. */
+void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
+                         int provider_saw_it);
 int ferry_ofi_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key);
 void ferry_ofi_peer_forget(void *ctx, const ferry_peer_t *peer);
 /* Every peer referenced into a NULL-terminated array (malloc-ed); the

@@ -157,6 +157,8 @@ static ferry_status_t choose_provider(ferry_ofi_t *ofi)
     ofi->hmem = (ofi->info->caps & FI_HMEM) != 0;
     ofi->mr_mode = ofi->info->domain_attr->mr_mode;
     ofi->software = ferry_ofi_provider_is_software(ofi->info->fabric_attr->prov_name);
+    ofi->silent_deaths = strcmp(ofi->info->fabric_attr->prov_name, "shm") == 0;
+    ofi->park_on_silence = strstr(ofi->info->fabric_attr->prov_name, "ofi_rxm") != NULL;
     size_t tx = ofi->info->tx_attr->size;
     ofi->window = tx != 0 && tx < ofi->settings.window ? (unsigned)tx : ofi->settings.window;
     return FERRY_OK;
@@ -392,8 +394,32 @@ static void close_fid(struct fid *fid, const char *what)
         ferry_warn("ofi: closing the %s: %s", what, fi_strerror(-ret));
 }
 
+/* Parked endpoints (and so their domain and fabric) outlive the transport:
+ * kept here, reachable, for the life of the process. */
+static struct {
+    pthread_mutex_t lock;
+    ferry_ofi_parked_t *parked;
+} kept = {PTHREAD_MUTEX_INITIALIZER, NULL};
+
 void ferry_ofi_context_close(ferry_ofi_t *ofi)
 {
+    if (ofi->parked != NULL) {
+        ferry_warn("ofi: endpoints parked after a peer stopped answering: the domain stays "
+                   "open");
+        pthread_mutex_lock(&kept.lock);
+        ferry_ofi_parked_t *last = ofi->parked;
+        while (last->next != NULL)
+            last = last->next;
+        last->next = kept.parked;
+        kept.parked = ofi->parked;
+        pthread_mutex_unlock(&kept.lock);
+        ofi->parked = NULL;
+        ofi->target_ep = NULL; /* their domain's children, left open with it */
+        ofi->target_av = NULL;
+        ofi->target_cq = NULL;
+        ofi->domain = NULL;
+        ofi->fabric = NULL;
+    }
     close_fid(ofi->target_ep ? &ofi->target_ep->fid : NULL, "target endpoint");
     close_fid(ofi->target_av ? &ofi->target_av->fid : NULL, "target address vector");
     close_fid(ofi->target_cq ? &ofi->target_cq->fid : NULL, "target completion queue");

@@ -13,9 +13,12 @@
  */
 #include "ofi.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* Parse "ofi1:<provider>:<identity>:<address hex>"; the provider must be
  * ours.  Returns the address bytes (malloc-ed), or NULL. */
@@ -36,9 +39,44 @@ static void *parse_endpoint(const ferry_ofi_t *ofi, const char *endpoint, long *
     return ferry_ofi_hex_decode(hex, strlen(hex), length_p);
 }
 
-static void close_endpoint(ferry_ofi_peer_t *p)
+/* Whether closing the peer's endpoint now is safe.  libfabric 1.17's
+ * tcp;ofi_rxm crashed (1 run in 5) in fi_close of an endpoint with reads
+ * posted to a peer that stopped answering without the provider noticing
+ * (frozen, or killed before it saw the reset): such an endpoint is parked
+ * instead, never progressed again (data progress is manual, so the
+ * provider touches our buffers only inside our calls) and never closed
+ * (README.md, "Faults"). */
+static int must_park(ferry_ofi_peer_t *p, int provider_saw_it)
 {
+    if (provider_saw_it || !p->ofi->park_on_silence)
+        return 0;
+    int reads = 0;
+    pthread_mutex_lock(&p->lock);
+    for (ferry_ofi_op_t *op = p->ops; op != NULL && !reads; op = op->next)
+        reads = op->slice->opcode == FERRY_OP_READ;
+    pthread_mutex_unlock(&p->lock);
+    return reads;
+}
+
+static void close_endpoint(ferry_ofi_peer_t *p, int provider_saw_it)
+{
+    int park = must_park(p, provider_saw_it);
     pthread_rwlock_wrlock(&p->ep_lock);
+    if (park && p->ep != NULL) {
+        ferry_ofi_parked_t *parked = calloc(1, sizeof(*parked));
+        if (parked != NULL) {
+            *parked = (ferry_ofi_parked_t){.ep = p->ep, .cq = p->cq, .av = p->av};
+            pthread_mutex_lock(&p->ofi->lock);
+            parked->next = p->ofi->parked;
+            p->ofi->parked = parked;
+            pthread_mutex_unlock(&p->ofi->lock);
+            ferry_warn("ofi: the endpoint to %.80s is parked, not closed (reads were posted; "
+                       "libfabric 1.17's rxm may crash closing it)", p->endpoint);
+            p->ep = NULL;
+            p->av = NULL;
+            p->cq = NULL;
+        }
+    }
     struct fid *fids[] = {p->ep ? &p->ep->fid : NULL, p->av ? &p->av->fid : NULL,
                           p->cq ? &p->cq->fid : NULL};
     for (size_t i = 0; i < FERRY_OFI_ARRAY_SIZE(fids); i++) {
@@ -83,13 +121,15 @@ static ferry_status_t open_endpoint(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, const
     return FERRY_OK;
 err:
     ferry_error("ofi: %s (endpoint to %s): %s", step, p->endpoint, fi_strerror(-ret));
-    close_endpoint(p);
+    close_endpoint(p, 1);
     return FERRY_ERR_CONNECT;
 }
 
 static void peer_free(ferry_ofi_peer_t *p)
 {
-    close_endpoint(p);
+    close_endpoint(p, 1); /* already closed or parked, unless it never had ops */
+    if (p->pidfd >= 0)
+        close(p->pidfd);
     pthread_rwlock_destroy(&p->ep_lock);
     pthread_mutex_destroy(&p->lock);
     free(p->endpoint);
@@ -100,7 +140,7 @@ void ferry_ofi_peer_put(ferry_ofi_peer_t *p)
 {
     if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
         /* nobody can post any more: what is still posted fails with the close */
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "closed");
+        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "closed", 0);
         peer_free(p);
     }
 }
@@ -113,12 +153,17 @@ static ferry_ofi_peer_t *table_find(ferry_ofi_t *ofi, const char *endpoint)
     return NULL;
 }
 
-/* A same-host peer whose process is gone: fail it before anything is
- * posted, so that the engine refreshes and reaches its next incarnation. */
-static int gone(ferry_ofi_peer_t *p)
+/* Whether a same-host peer's process is gone.  Through its pidfd (one
+ * poll, cheap enough before every post: see ferry_ofi_peer_dead's use in
+ * ofi_xfer.c), else a look in /proc at most every FERRY_OFI_LIVENESS_MS. */
+int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 {
     if (p->pid == 0)
         return 0;
+    if (p->pidfd >= 0) {
+        struct pollfd fd = {.fd = p->pidfd, .events = POLLIN};
+        return poll(&fd, 1, 0) > 0;
+    }
     uint64_t now = ferry_ofi_time_ms();
     uint64_t checked = atomic_load_explicit(&p->checked_ms, memory_order_relaxed);
     if (now - checked < FERRY_OFI_LIVENESS_MS)
@@ -132,8 +177,8 @@ static ferry_status_t peer_state(ferry_ofi_peer_t *p)
     pthread_mutex_lock(&p->lock);
     ferry_status_t status = p->state == FERRY_OFI_PEER_OK ? FERRY_OK : FERRY_ERR_PEER_FAILED;
     pthread_mutex_unlock(&p->lock);
-    if (status == FERRY_OK && gone(p)) {
-        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+    if (status == FERRY_OK && ferry_ofi_peer_dead(p)) {
+        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         status = FERRY_ERR_PEER_FAILED;
     }
     return status;
@@ -183,6 +228,9 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     atomic_init(&fresh->refs, 2); /* the table's and the caller's */
     pthread_rwlock_init(&fresh->ep_lock, NULL);
     pthread_mutex_init(&fresh->lock, NULL);
+    /* The pidfd names the process itself: opened, then the start time
+     * checked, it cannot name a stranger that reused the pid. */
+    fresh->pidfd = fresh->pid != 0 ? (int)syscall(SYS_pidfd_open, (pid_t)fresh->pid, 0) : -1;
     if (fresh->pid != 0 && !ferry_process_alive(fresh->pid, fresh->start_time)) {
         free(address);
         peer_free(fresh);
@@ -216,7 +264,8 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     return FERRY_OK;
 }
 
-void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what)
+void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
+                         int provider_saw_it)
 {
     pthread_mutex_lock(&p->lock);
     int first = p->state == FERRY_OFI_PEER_OK;
@@ -229,9 +278,9 @@ void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *wh
     if (first && why != FERRY_ERR_CANCELED)
         ferry_warn("ofi: peer %.80s failed (%s); %u operations posted fail", p->endpoint, what,
                    posted);
-    /* Closing is what stops the provider from touching our buffers; then
-     * nothing can complete the ops the close caught, so they fail here. */
-    close_endpoint(p);
+    /* Closing (or parking) is what stops the provider from touching our
+     * buffers; then nothing can complete the ops it caught: they fail here. */
+    close_endpoint(p, provider_saw_it);
     ferry_ofi_op_t *op;
     while ((op = ferry_ofi_op_pop(p)) != NULL)
         ferry_ofi_op_complete(op, p->why);
@@ -313,13 +362,16 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
         int late = p->state == FERRY_OFI_PEER_OK && p->posted != 0 &&
                    now > p->last_activity_ms + ofi->settings.timeout_ms;
         pthread_mutex_unlock(&p->lock);
-        if (!late && gone(p)) {
-            /* shm: a killed peer leaves no error entry, only silence */
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone");
+        if (!late && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
+            /* shm: a killed peer leaves no error entry, only silence.
+             * Not on tcp;ofi_rxm, whose reset reports it: closing an rxm
+             * endpoint while rxm has not yet seen its connection reset
+             * crashed libfabric 1.17 (1 run in 5, README.md, "Faults"). */
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         } else if (late) {
             char what[96];
             snprintf(what, sizeof(what), "no completion for %u ms", ofi->settings.timeout_ms);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
         }
         ferry_ofi_peer_put(p);
     }
@@ -336,7 +388,7 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi)
         ferry_ofi_peer_t *p = list;
         list = p->next;
         p->next = NULL;
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "engine stops");
+        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "engine stops", 0);
         ferry_ofi_peer_put(p);
     }
 }

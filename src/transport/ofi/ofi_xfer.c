@@ -138,7 +138,7 @@ unsigned ferry_ofi_peer_progress(ferry_ofi_peer_t *p)
         int link = failed_status == FERRY_ERR_PEER_FAILED;
         ferry_ofi_op_complete(failed, failed_status);
         if (link)
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, message);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, message, 1);
         count++;
     }
     return count;
@@ -251,6 +251,18 @@ static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_of
             pthread_rwlock_unlock(&p->ep_lock);
             return state;
         }
+        /* shm (libfabric 1.17) spins on a lock inside the peer's region to
+         * post: a peer killed while it held that lock hangs the post for
+         * good.  A look at its pidfd first narrows that to a peer that dies
+         * in the microseconds between the look and the post. */
+        if (room && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
+            pthread_mutex_lock(&p->lock);
+            op_unlink_locked(p, op);
+            pthread_mutex_unlock(&p->lock);
+            pthread_rwlock_unlock(&p->ep_lock);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
+            continue;
+        }
         int ret = room ? post(ofi, p, op, key) : -FI_EAGAIN;
         if (ret != 0 && room) {
             pthread_mutex_lock(&p->lock);
@@ -283,7 +295,7 @@ static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_of
         } else if (now - waiting_since > bound) {
             char what[96];
             snprintf(what, sizeof(what), "its queue stayed full for %u ms", bound);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what);
+            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
         }
         sched_yield();
     }
