@@ -73,6 +73,8 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include "tool_args.h" /* the size and count parsers of Ferry's tools (libc only) */
+
 #define MAX_SIZES       16
 #define MAX_ADDRESS     256
 #define LATENCY_GROUP   32      /* operations per latency sample, as ferry_bench */
@@ -102,8 +104,9 @@ typedef struct options {
 } options_t;
 
 /* One side's libfabric objects.  Opened in the order of the fields and
- * closed in the reverse order (side_close): libfabric refuses to close a
- * parent while its children live. */
+ * closed in the reverse order (side_close: libfabric refuses to close a
+ * parent while its children live), the buffer freed after everything that
+ * could touch it is closed. */
 typedef struct side {
     struct fi_info *info;
     struct fid_fabric *fabric;
@@ -111,9 +114,9 @@ typedef struct side {
     struct fid_cq *cq;
     struct fid_av *av;
     struct fid_ep *ep;
-    struct fid_mr *mr;
     unsigned char *buffer;
     size_t length;
+    struct fid_mr *mr;
     void *desc;              /* the buffer's descriptor when FI_MR_LOCAL, else NULL */
 } side_t;
 
@@ -309,26 +312,13 @@ static int cq_reap(struct fid_cq *cq, struct fi_cq_entry *entries)
 
 /* ---- target ---- */
 
-static int send_all(int fd, const void *data, size_t length)
-{
-    const unsigned char *p = data;
-    while (length > 0) {
-        ssize_t n = send(fd, p, length, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        length -= (size_t)n;
-    }
-    return 0;
-}
-
-static int recv_all(int fd, void *data, size_t length)
+/* All of length bytes through the socketpair (sending or receiving): 0, or
+ * -1 when the peer hung up or the socket failed. */
+static int socket_all(int fd, void *data, size_t length, int sending)
 {
     unsigned char *p = data;
     while (length > 0) {
-        ssize_t n = recv(fd, p, length, 0);
+        ssize_t n = sending ? send(fd, p, length, MSG_NOSIGNAL) : recv(fd, p, length, 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -359,7 +349,7 @@ static int run_target(const options_t *o, size_t length, int sock)
         info.length = length;
     }
     /* On failure the initiator reads EOF and says the target did not start. */
-    if (rc == 0 && send_all(sock, &info, sizeof(info)) != 0)
+    if (rc == 0 && socket_all(sock, &info, sizeof(info), 1) != 0)
         rc = -1;
     struct fi_cq_entry entries[CQ_BURST];
     for (unsigned spins = 0; rc == 0; spins++) {
@@ -619,7 +609,7 @@ static int run_latency(initiator_t *in, size_t block)
 static int run_initiator(const options_t *o, size_t length, size_t max_block, int sock)
 {
     initiator_t in = {.opts = o};
-    if (recv_all(sock, &in.target, sizeof(in.target)) != 0) {
+    if (socket_all(sock, &in.target, sizeof(in.target), 0) != 0) {
         fprintf(stderr, "bench-ofi-rma: the target did not start\n");
         return -1;
     }
@@ -693,31 +683,26 @@ static void on_alarm(int sig)
 
 /* ---- command line ---- */
 
-static int parse_size(const char *text, size_t *size_p)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (errno || end == text || *end != '\0' || v == 0 || v > (SIZE_MAX >> shift))
-        return -1;
-    *size_p = (size_t)v << shift;
-    return 0;
-}
-
 static int parse_sizes(char *list, options_t *o)
 {
     o->n_sizes = 0;
     for (char *save, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save))
-        if (o->n_sizes == MAX_SIZES || parse_size(item, &o->sizes[o->n_sizes++]) != 0)
+        if (o->n_sizes == MAX_SIZES || ferry_tool_parse_size(item, &o->sizes[o->n_sizes]) != 0 ||
+            o->sizes[o->n_sizes++] == 0)
             return -1;
     return o->n_sizes > 0 ? 0 : -1;
+}
+
+/* An option that is one of two words: 0 and *second_p, or -1 after a message. */
+static int one_of(const char *option, const char *value, const char *first, const char *second,
+                  int *second_p)
+{
+    if (strcmp(value, first) && strcmp(value, second)) {
+        fprintf(stderr, "bench-ofi-rma: --%s is %s or %s, not %s\n", option, first, second, value);
+        return -1;
+    }
+    *second_p = strcmp(value, second) == 0;
+    return 0;
 }
 
 static void usage(FILE *out)
@@ -761,8 +746,8 @@ static int parse_options(int argc, char **argv, options_t *o)
     *o = (options_t){.provider = "tcp;ofi_rxm", .write = 1, .batch = DEFAULT_BATCH,
                      .window = DEFAULT_WINDOW, .duration = 5.0};
     char *sizes = NULL, *end;
-    size_t n;
-    int opt;
+    unsigned batch = DEFAULT_BATCH;
+    int opt, is_read;
     while ((opt = getopt_long(argc, argv, "hp:b:B:w:d:", long_options, NULL)) != -1) {
         switch (opt) {
         case 'p': o->provider = optarg; break;
@@ -770,41 +755,31 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'L': o->latency = 1; break;
         case 'T': o->transmit_complete = 1; break;
         case 'o':
-            if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
-                fprintf(stderr, "bench-ofi-rma: --operation is write or read, not %s\n", optarg);
+            if (one_of("operation", optarg, "write", "read", &is_read))
                 return -1;
-            }
-            o->write = strcmp(optarg, "write") == 0;
+            o->write = !is_read;
             break;
         case 't':
-            if (strcmp(optarg, "domain") && strcmp(optarg, "safe")) {
-                fprintf(stderr, "bench-ofi-rma: --threading is domain or safe, not %s\n", optarg);
+            if (one_of("threading", optarg, "domain", "safe", &o->thread_safe))
                 return -1;
-            }
-            o->thread_safe = strcmp(optarg, "safe") == 0;
             break;
         case 'i':
-            if (strcmp(optarg, "spin") && strcmp(optarg, "yield")) {
-                fprintf(stderr, "bench-ofi-rma: --idle is spin or yield, not %s\n", optarg);
+            if (one_of("idle", optarg, "spin", "yield", &o->yield))
                 return -1;
-            }
-            o->yield = strcmp(optarg, "yield") == 0;
             break;
         case 'B':
         case 'w':
-            if (parse_size(optarg, &n) != 0 || n > 1u << 20) {
-                fprintf(stderr, "bench-ofi-rma: bad --%s %s\n",
-                        opt == 'B' ? "batch-size" : "window", optarg);
+            if (ferry_tool_parse_count(optarg, 1, 1u << 20, opt == 'B' ? &batch : &o->window)) {
+                fprintf(stderr, "bench-ofi-rma: --%s is 1..%u\n",
+                        opt == 'B' ? "batch-size" : "window", 1u << 20);
                 return -1;
             }
             if (opt == 'B')
-                o->batch = n;
-            else
-                o->window = (unsigned)n;
+                o->batch = batch;
             break;
         case 'S':
         case 's':
-            if (parse_size(optarg, opt == 'S' ? &o->buffer_size : &o->slice_size) != 0) {
+            if (ferry_tool_parse_size(optarg, opt == 'S' ? &o->buffer_size : &o->slice_size)) {
                 fprintf(stderr, "bench-ofi-rma: bad --%s %s\n",
                         opt == 'S' ? "buffer-size" : "slice-size", optarg);
                 return -1;

@@ -44,7 +44,10 @@ bare=$build/bench-ofi-rma
 export FERRY_RPC_ADDRESS=127.0.0.1
 export FERRY_MODULE_DIR="${FERRY_MODULE_DIR:-$build/modules/.libs}"
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
-[ -x "$bare" ] || { echo "no bench-ofi-rma in $build (built when configure finds libfabric)" >&2; exit 1; }
+if [ ! -x "$bare" ]; then
+    echo "no bench-ofi-rma in $build (built when configure finds libfabric)" >&2
+    exit 1
+fi
 if [ ! -e "$FERRY_MODULE_DIR/ferry_ofi.so" ]; then
     echo "note: no ferry_ofi module in $FERRY_MODULE_DIR: the ofi columns stay empty" >&2
 fi
@@ -125,7 +128,8 @@ measure() { # who provider op size batch
 # The contenders of one measurement, in an order that turns round with the run.
 measure_all() { # run key provider op size batch
     order=$contenders
-    [ $(($1 % 2)) -eq 0 ] && order=$(echo "$contenders" | awk '{for (i = NF; i > 0; i--) printf "%s ", $i}')
+    [ $(($1 % 2)) -eq 0 ] &&
+        order=$(echo "$contenders" | awk '{for (i = NF; i > 0; i--) printf "%s ", $i}')
     for who in $order; do
         measure "$who" "$3" "$4" "$5" "$6" >> "$tmp/$2-$who"
     done
@@ -141,7 +145,10 @@ med() {
 }
 
 # a/b, or "-" when either is missing.
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f\n", a / b; else print "-"}'; }
+ratio() {
+    awk -v a="$1" -v b="$2" \
+        'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f\n", a / b; else print "-"}'
+}
 
 # The median of each run's own ratio a/b (the two ran back to back).
 ratio_by_run() { # file_a file_b
@@ -153,7 +160,8 @@ ratio_by_run() { # file_a file_b
 # "ok" / "MISS" against a target, or "-".
 verdict() { # value target higher_is_better
     awk -v v="$1" -v t="$2" -v h="$3" \
-        'BEGIN {if (v == "-") print "-"; else if (h ? v + 0 >= t : v + 0 <= t) print "ok"; else print "MISS"}'
+        'BEGIN {if (v == "-") print "-"
+                else if (h ? v + 0 >= t : v + 0 <= t) print "ok"; else print "MISS"}'
 }
 
 # The last value of each contender of a key, "a/b/c".
@@ -201,7 +209,8 @@ row() { # label key higher_is_better target
     r=$(ratio "$o" "$b")
     # shellcheck disable=SC2059 # the format is ours
     printf "$header" "$1" "$o" "$o2" "$b" "$n" "$r ($(ratio_by_run "$k-ofi" "$k-bare"))" \
-        "$(verdict "$r" "$4" "$3")" "$r2" "$(ratio "$o" "$n") ($(ratio_by_run "$k-ofi" "$k-native"))"
+        "$(verdict "$r" "$4" "$3")" "$r2" \
+        "$(ratio "$o" "$n") ($(ratio_by_run "$k-ofi" "$k-native"))"
 }
 for provider in $providers; do
     p=$(echo "$provider" | tr -c 'a-z0-9\n' '_')
