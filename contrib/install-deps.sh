@@ -6,8 +6,8 @@ what=${1:-test}
 packages="build-essential autoconf automake libtool pkg-config libjansson-dev"
 # metadata stores: etcd/http modules (libcurl), redis module, ferry_metad
 packages="$packages libcurl4-openssl-dev libhiredis-dev libmicrohttpd-dev"
-# transports: the UCX module, the libfabric module (fi_info for its tests)
-packages="$packages libucx-dev libfabric-dev libfabric-bin"
+# transports: the UCX module, the libfabric module
+packages="$packages libucx-dev libfabric-dev"
 # MPI jobs: the pmix module, the ferry_osu_* benchmarks and MPI tests
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then

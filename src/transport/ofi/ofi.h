@@ -136,6 +136,8 @@ typedef struct ferry_ofi_parked {
     struct fid_ep *ep;
     struct fid_cq *cq;
     struct fid_av *av;
+    struct fid_domain *domain; /* the one that holds the transport's own */
+    struct fid_fabric *fabric;
     struct ferry_ofi_parked *next;
 } ferry_ofi_parked_t;
 

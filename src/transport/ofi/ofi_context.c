@@ -12,6 +12,7 @@
  */
 #include "ofi.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -265,10 +266,19 @@ void ferry_ofi_progress_leave(void *ctx)
         ferry_debug("ofi: wake: %s", strerror(errno));
 }
 
-static void nap_us(unsigned us)
+/* Nap up to us microseconds, or until progress_leave or a submit writes
+ * the eventfd. */
+static void wait_wake(ferry_ofi_t *ofi, unsigned us)
 {
-    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    struct pollfd fd = {.fd = ofi->wake_fd, .events = POLLIN};
+    struct timespec timeout = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
+    atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
+    if (ppoll(&fd, 1, &timeout, NULL) > 0) {
+        uint64_t count;
+        if (read(ofi->wake_fd, &count, sizeof(count)) < 0)
+            count = 0;
+    }
+    atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
 }
 
 /* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
@@ -298,7 +308,7 @@ static void sleep_idle(ferry_ofi_t *ofi, int timeout_ms)
     }
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
     if (ofi->target_fd < 0)
-        nap_us(ofi->settings.nap_us);
+        wait_wake(ofi, ofi->settings.nap_us);
 }
 
 /* Polls while ops are posted (manual progress: on tcp;ofi_rxm the reads of
@@ -318,11 +328,12 @@ static void *progress_thread(void *arg)
             last_sweep = now;
         }
         uint64_t polls = atomic_load_explicit(&ofi->caller_polls, memory_order_relaxed);
-        if (polls != seen_polls && !ofi->poll_mode) {
-            /* a caller polls: nap, growing, until it stops */
+        if (polls != seen_polls) {
+            /* a caller polls: nap, growing, until it stops; its
+             * progress_leave (it goes to sleep) ends the nap at once */
             seen_polls = polls;
             off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
-            nap_us(off_us);
+            wait_wake(ofi, off_us);
             continue;
         }
         off_us = 0;
@@ -401,20 +412,40 @@ static struct {
     ferry_ofi_parked_t *parked;
 } kept = {PTHREAD_MUTEX_INITIALIZER, NULL};
 
+/* The engine unloads the module after destroy; kept (and what it holds)
+ * must stay mapped and reachable, for the provider's sake and so that
+ * LeakSanitizer sees the parked endpoints as held, not lost. */
+static void pin_module(void)
+{
+    Dl_info self;
+    if (dladdr((void *)&kept, &self) == 0 || self.dli_fname == NULL ||
+        dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
+        ferry_warn("ofi: cannot keep the module loaded for its parked endpoints");
+}
+
 void ferry_ofi_context_close(ferry_ofi_t *ofi)
 {
     if (ofi->parked != NULL) {
         ferry_warn("ofi: endpoints parked after a peer stopped answering: the domain stays "
                    "open");
+        pin_module();
         pthread_mutex_lock(&kept.lock);
         ferry_ofi_parked_t *last = ofi->parked;
         while (last->next != NULL)
             last = last->next;
         last->next = kept.parked;
         kept.parked = ofi->parked;
+        /* the target endpoint and the domain stay open with them: kept too */
+        ferry_ofi_parked_t *own = calloc(1, sizeof(*own));
+        if (own != NULL) {
+            *own = (ferry_ofi_parked_t){.ep = ofi->target_ep, .cq = ofi->target_cq,
+                                        .av = ofi->target_av, .domain = ofi->domain,
+                                        .fabric = ofi->fabric, .next = kept.parked};
+            kept.parked = own;
+        }
         pthread_mutex_unlock(&kept.lock);
         ofi->parked = NULL;
-        ofi->target_ep = NULL; /* their domain's children, left open with it */
+        ofi->target_ep = NULL;
         ofi->target_av = NULL;
         ofi->target_cq = NULL;
         ofi->domain = NULL;

@@ -214,9 +214,16 @@ static ferry_status_t ofi_address(void *ctx, char **endpoint_p)
     return *endpoint_p ? FERRY_OK : FERRY_ERR_NO_MEMORY;
 }
 
+/* The setting, but never more than one operation of the provider may move
+ * (ep_attr->max_msg_size; "never cut" too). */
 static size_t ofi_slice_size(void *ctx)
 {
-    return ((ferry_ofi_t *)ctx)->settings.slice_size;
+    const ferry_ofi_t *ofi = ctx;
+    size_t largest = ofi->info->ep_attr->max_msg_size;
+    size_t size = ofi->settings.slice_size;
+    if (largest != 0 && (size == 0 || size > largest))
+        size = largest == SIZE_MAX ? 0 : largest;
+    return size;
 }
 
 static const ferry_transport_ops_t ofi_ops = {
