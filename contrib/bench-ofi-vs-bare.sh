@@ -24,7 +24,7 @@
 #
 # Usage: contrib/bench-ofi-vs-bare.sh BUILD_DIR [RUNS]     (RUNS: 5)
 # Environment: SECONDS_PER_RUN (2), PROVIDERS ("tcp;ofi_rxm shm"),
-#   SIZES ("64k 1m 4m"), WINDOW (the ofi transport's default window, read
+#   SIZES ("64k 1m 4m"; "" for the latencies alone), WINDOW (the ofi transport's default window, read
 #   from ferry_info -c; else 64), OFI2_ENV, BARE_IDLE, BARE_OPTIONS (more
 #   bench-ofi-rma options, e.g. "--threading=safe", to see what one change
 #   costs the bare loop).
@@ -35,7 +35,7 @@ build=$(cd "$1" && pwd)
 runs=${2:-5}
 seconds=${SECONDS_PER_RUN:-2}
 providers=${PROVIDERS:-"tcp;ofi_rxm shm"}
-sizes=${SIZES:-"64k 1m 4m"}
+sizes=${SIZES-"64k 1m 4m"} # SIZES="": the latencies only
 ofi2_env=${OFI2_ENV-FERRY_OFI_PROGRESS=poll}
 bare_idle=${BARE_IDLE:-"spin yield"}
 bare_options=${BARE_OPTIONS:-}
