@@ -1,7 +1,8 @@
 /*
  * bench-ofi-rma: a bare libfabric RMA loop, the baseline the ofi transport is
- * measured against (contrib/bench-ofi-vs-bare.sh, issue 20).  Only libfabric
- * and libc: no Ferry code, so what it costs is the provider's cost alone.
+ * measured against (contrib/bench-ofi-vs-bare.sh, issue 20).  libfabric and
+ * libc (and the tools' option parser), no libferry: what it costs is the
+ * provider's cost alone.
  *
  * Two processes on this host: the program forks before it touches libfabric;
  * the parent is the initiator, the child the target (as ferry_bench --spawn
