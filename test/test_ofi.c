@@ -10,6 +10,8 @@
  * so the tests name both the transport and the provider.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <ferry/ferry.h>
 
 #include <pthread.h>
@@ -565,4 +567,26 @@ Test(ofi, bad_setting_fails_engine_creation)
     setenv("FERRY_OFI_COMPLETION", "sometimes", 1);
     cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK);
     engine = NULL;
+}
+
+/* A killed process leaves its shm region in /dev/shm, under a name that
+ * libfabric 1.17 derives from the pid; the next process given that pid
+ * must still start (the module names its endpoints itself). */
+Test(ofi, stale_shm_region_of_a_dead_process_with_our_pid_is_no_obstacle)
+{
+    skip_unless_built();
+    char stale[2][64];
+    for (int i = 0; i < 2; i++) {
+        snprintf(stale[i], sizeof(stale[i]), "/dev/shm/%ld:0:%d", (long)getpid(), i);
+        int fd = open(stale[i], O_CREAT | O_EXCL | O_RDWR, 0600);
+        cr_assert_geq(fd, 0, "%s: %s", stale[i], strerror(errno));
+        cr_assert_eq(ftruncate(fd, 4096), 0);
+        close(fd);
+    }
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", "shm", 1);
+    ferry_status_t status = ferry_engine_create(NULL, &engine);
+    for (int i = 0; i < 2; i++)
+        unlink(stale[i]);
+    cr_assert_eq(status, FERRY_OK, "%s", ferry_status_string(status));
 }

@@ -169,6 +169,7 @@ struct ferry_ofi {
     struct fid_av *target_av;
     int target_fd;           /* the target CQ's wait fd, or -1 (shm has none) */
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
+    atomic_uint next_name;   /* endpoints named so far (ferry_ofi_name_endpoint) */
     char *address;           /* our endpoint string; immutable after create */
 
     int park_on_silence;     /* tcp;ofi_rxm: see ofi_peer.c, must_park */
@@ -208,6 +209,11 @@ void ferry_ofi_wake(ferry_ofi_t *ofi);
 unsigned ferry_ofi_progress(void *ctx);
 void ferry_ofi_progress_leave(void *ctx);
 void ferry_ofi_print_info(FILE *out);
+/* Name an endpoint before fi_enable where the provider takes the name from
+ * us and would otherwise derive it from the pid (shm: a region in /dev/shm
+ * that a killed process leaves behind, which made the next process given
+ * that pid fail fi_enable with EBUSY). */
+int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep);
 /* Whether the provider's core (the part before ';') is software. */
 int ferry_ofi_provider_is_software(const char *prov_name);
 

@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -165,6 +166,18 @@ static ferry_status_t choose_provider(ferry_ofi_t *ofi)
     return FERRY_OK;
 }
 
+int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep)
+{
+    if (strcmp(ofi->info->fabric_attr->prov_name, "shm") != 0)
+        return 0;
+    /* Unique on the host for as long as we live: the engine's random
+     * generation, our pid, and a count of the endpoints named. */
+    char name[96];
+    int length = snprintf(name, sizeof(name), "ferry-%ld-%016" PRIx64 "-%u", (long)getpid(),
+                          ofi->svc.generation, atomic_fetch_add(&ofi->next_name, 1));
+    return fi_setname(&ep->fid, name, (size_t)length + 1);
+}
+
 static ferry_status_t open_target(ferry_ofi_t *ofi)
 {
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_FD};
@@ -191,6 +204,9 @@ static ferry_status_t open_target(ferry_ofi_t *ofi)
     step = "fi_ep_bind";
     if ((ret = fi_ep_bind(ofi->target_ep, &ofi->target_av->fid, 0)) != 0 ||
         (ret = fi_ep_bind(ofi->target_ep, &ofi->target_cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+        goto err;
+    step = "fi_setname";
+    if ((ret = ferry_ofi_name_endpoint(ofi, ofi->target_ep)) != 0)
         goto err;
     step = "fi_enable";
     if ((ret = fi_enable(ofi->target_ep)) != 0)

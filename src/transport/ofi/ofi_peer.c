@@ -109,6 +109,9 @@ static ferry_status_t open_endpoint(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, const
     if ((ret = fi_ep_bind(p->ep, &p->av->fid, 0)) != 0 ||
         (ret = fi_ep_bind(p->ep, &p->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
         goto err;
+    step = "fi_setname";
+    if ((ret = ferry_ofi_name_endpoint(ofi, p->ep)) != 0)
+        goto err;
     step = "fi_enable";
     if ((ret = fi_enable(p->ep)) != 0)
         goto err;
