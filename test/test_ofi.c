@@ -295,6 +295,40 @@ static void *kill_later(void *arg)
     return NULL;
 }
 
+/* A victim peer (victim_length registered, written to once) and a
+ * bystander (4 MiB registered), both opened. */
+static void open_victim_and_bystander(peer_process_t *victim, ferry_segment_h *victim_seg,
+                                      size_t victim_length, peer_process_t *bystander,
+                                      ferry_segment_h *bystander_seg)
+{
+    cr_assert_eq(peer_start(victim, NULL), 0);
+    cr_assert_eq(peer_start(bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(victim, "reg 0 %zu", victim_length), "OK");
+    cr_assert_str_eq(peer_cmd(bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim->name, victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander->name, bystander_seg), FERRY_OK);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, *victim_seg, victim->arena, 4096, "ofi"),
+                 FERRY_OK);
+}
+
+/* Other peers are unaffected by the victim's failure; then both go (a
+ * victim stopped by sig is killed too). */
+static void bystander_served_then_stop_both(peer_process_t *victim, ferry_segment_h victim_seg,
+                                            int sig, peer_process_t *bystander,
+                                            ferry_segment_h bystander_seg)
+{
+    test_pattern_fill(local, 4 * MIB, 8);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander->arena, 4 * MIB, "ofi"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(bystander, "check 0 %zu 8", 4 * MIB), "OK");
+    if (sig != SIGKILL)
+        kill(victim->pid, SIGKILL);
+    peer_kill(victim, SIGKILL);
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(bystander);
+}
+
 /* Batches of 64 large writes (or reads) to a victim, hurt while they run:
  * they FAIL with FERRY_ERR_PEER_FAILED within the bound, and another peer
  * still works. */
@@ -303,14 +337,7 @@ static void check_failure_within_bound(const char *provider, int sig, ferry_opco
     start(provider);
     peer_process_t victim, bystander;
     ferry_segment_h victim_seg, bystander_seg;
-    cr_assert_eq(peer_start(&victim, NULL), 0);
-    cr_assert_eq(peer_start(&bystander, NULL), 0);
-    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
-    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
-    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, victim_seg, victim.arena, 4096, "ofi"),
-                 FERRY_OK);
+    open_victim_and_bystander(&victim, &victim_seg, 64 * MIB, &bystander, &bystander_seg);
 
     enum { N = 64 };
     ferry_batch_h batch;
@@ -350,16 +377,7 @@ static void check_failure_within_bound(const char *provider, int sig, ferry_opco
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 
     /* Other peers are unaffected. */
-    test_pattern_fill(local, 4 * MIB, 8);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander.arena, 4 * MIB, "ofi"),
-                 FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
-    if (sig != SIGKILL)
-        kill(victim.pid, SIGKILL);
-    peer_kill(&victim, SIGKILL);
-    ferry_segment_close(engine, victim_seg);
-    ferry_segment_close(engine, bystander_seg);
-    peer_stop(&bystander);
+    bystander_served_then_stop_both(&victim, victim_seg, sig, &bystander, bystander_seg);
 }
 
 Test(ofi, killed_peer_fails_in_flight_writes_over_tcp_rxm)
@@ -394,14 +412,7 @@ static void killed_peer_over_shm(void)
     start(SHM);
     peer_process_t victim, bystander;
     ferry_segment_h victim_seg, bystander_seg;
-    cr_assert_eq(peer_start(&victim, NULL), 0);
-    cr_assert_eq(peer_start(&bystander, NULL), 0);
-    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 4 * MIB), "OK");
-    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
-    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, victim_seg, victim.arena, 4096, "ofi"),
-                 FERRY_OK);
+    open_victim_and_bystander(&victim, &victim_seg, 4 * MIB, &bystander, &bystander_seg);
     kill(victim.pid, sig);
     usleep(50 * 1000);
     enum { N = 16 };
@@ -429,16 +440,7 @@ static void killed_peer_over_shm(void)
                      ferry_status_string(xs.error));
     }
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
-    test_pattern_fill(local, 4 * MIB, 8);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, bystander_seg, bystander.arena, 4 * MIB, "ofi"),
-                 FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 8", 4 * MIB), "OK");
-    if (sig != SIGKILL)
-        kill(victim.pid, SIGKILL);
-    peer_kill(&victim, SIGKILL);
-    ferry_segment_close(engine, victim_seg);
-    ferry_segment_close(engine, bystander_seg);
-    peer_stop(&bystander);
+    bystander_served_then_stop_both(&victim, victim_seg, sig, &bystander, bystander_seg);
 }
 
 Test(ofi, killed_peer_fails_requests_at_once_over_shm)
