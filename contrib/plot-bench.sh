@@ -97,14 +97,18 @@ for file in "$@"; do
 done
 [ -s "$tmp/series" ] || { echo "plot-bench.sh: no rows in $*" >&2; exit 1; }
 
-# gnuplot's plot clause for one kind: each series, a colour each (a
-# baseline dashed), p99 of a latency series dashed in its colour.
+# gnuplot's plot clause for one kind: each series a colour of its own, a
+# baseline measured beside one dashed in its colour, p99 of a latency
+# series dotted in its colour, flat baselines dash-dotted.
 plot_clause() { # kind
     awk -F'\t' -v kind="$1" -v flat="$baselines" '
         $1 != kind { next }
         {
-            c++
-            sep = c > 1 ? ", \\\n     " : ""
+            sep = c + b > 0 ? ", \\\n     " : ""
+            if ($4 == "base")
+                b++ # in the colour of the series it was measured beside
+            else
+                c++
             if ($4 == "base")
                 printf "%s\"%s\" using 1:2 with linespoints dt 2 pt 6 lc %d title \"%s\"", sep, $2, c, $3
             else
