@@ -19,17 +19,18 @@
 # written.
 set -eu
 out=. prefix=bench- title="" baselines=""
-usage() { sed -n '2,/^# Needs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 while getopts "o:p:t:b:h" opt; do
     case $opt in
     o) out=$OPTARG ;;
     p) prefix=$OPTARG ;;
     t) title=$OPTARG ;;
-    b) case $OPTARG in
-       *=*) baselines="$baselines
+    b) case ${OPTARG#*=} in
+       "$OPTARG" | "" | *[!0-9.]* | *.*.*)
+           echo "plot-bench.sh: -b wants LABEL=GBPS (a number), not $OPTARG" >&2; exit 2 ;;
+       esac
+       baselines="$baselines
 $OPTARG" ;;
-       *) echo "plot-bench.sh: -b wants LABEL=GBPS, not $OPTARG" >&2; exit 2 ;;
-       esac ;;
     *) usage ;;
     esac
 done
