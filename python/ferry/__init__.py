@@ -209,8 +209,11 @@ class Engine(_core.Engine):
         ``__cuda_array_interface__`` (CuPy, numba) or ``__dlpack__`` (torch
         tensors, CPU or GPU).  flags: REMOTE_READ | REMOTE_WRITE (0 means
         both); a read-only buffer needs flags=REMOTE_READ.  location: None
-        detects it ("cpu", or the device of a DLPack/CUDA tensor).  The Memory
-        keeps obj alive; close() (or collection) unregisters it.
+        detects it ("cpu", or the device of a DLPack/CUDA tensor).
+
+        Keep the returned Memory: the registration lasts as long as it does.
+        It keeps obj alive (a bytearray cannot be resized meanwhile);
+        close(), or its collection, unregisters.
         """
         return Memory._register(self, obj, location, flags)
 

@@ -81,8 +81,13 @@ static void drop_owner(fpy_memory_t *self)
     if (self->dl_managed != NULL) {
         fpy_dl_managed_t *managed = self->dl_managed;
         self->dl_managed = NULL;
-        if (managed->deleter != NULL)
+        if (managed->deleter != NULL) {
+            /* a producer's deleter may run Python code: not with an error set */
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
             managed->deleter(managed);
+            PyErr_Restore(type, value, traceback);
+        }
     }
     Py_CLEAR(self->owner);
 }
@@ -331,7 +336,8 @@ static PyObject *memory_register_object(PyObject *cls, PyObject *args, PyObject 
         if (PyObject_GetBuffer(object, &self->view,
                                PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
             Py_DECREF(self);
-            if (!PyErr_ExceptionMatches(PyExc_BufferError))
+            if (!PyErr_ExceptionMatches(PyExc_BufferError) && /* numpy says ValueError */
+                !PyErr_ExceptionMatches(PyExc_ValueError))
                 return NULL;
             PyErr_Clear();
             if (writable && PyObject_GetBuffer(object, &self->view, PyBUF_ANY_CONTIGUOUS) == 0) {

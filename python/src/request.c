@@ -51,7 +51,8 @@ static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         int flags = PyBUF_ANY_CONTIGUOUS | (FPY_WRITES_LOCAL(op) ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(local, &self->view, flags) < 0) {
             Py_DECREF(self);
-            if (!PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(local))
+            if (!PyErr_ExceptionMatches(PyExc_BufferError) && /* numpy says ValueError */
+                !PyErr_ExceptionMatches(PyExc_ValueError) && PyObject_CheckBuffer(local))
                 return NULL;
             PyErr_Clear();
             if (!PyObject_CheckBuffer(local))
