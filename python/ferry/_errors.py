@@ -124,8 +124,13 @@ def error_class(status: int) -> type[Error]:
 
 
 def make_error(status: int, message: str) -> Error:
-    """Called by the C extension: the exception for ``status`` with ``message``."""
-    return error_class(status)(message, status)
+    """Called by the C extension: the exception for ``status`` with ``message``
+    (the status's C name is added to it)."""
+    try:
+        name = "FERRY_" + Status(status).name
+    except ValueError:
+        name = f"status {status}"
+    return error_class(status)(f"{message} ({name})", status)
 
 
 def make_closed(message: str) -> Error:

@@ -600,7 +600,7 @@ static PyGetSetDef memory_getset[] = {
 };
 
 PyTypeObject fpy_memory_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._core.Memory",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Memory",
     .tp_basicsize = sizeof(fpy_memory_t),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Registered or allocated memory of an engine (from Engine.register or\n"

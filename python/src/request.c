@@ -162,7 +162,7 @@ static PyGetSetDef request_getset[] = {
 };
 
 PyTypeObject fpy_request_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._core.Request",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Request",
     .tp_basicsize = sizeof(fpy_request_t),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Request(op, local, segment, remote, length=None, offset=0, transport=None)\n--\n\n"
