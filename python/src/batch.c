@@ -165,7 +165,7 @@ static PyObject *batch_submit(fpy_batch_t *self, PyObject *requests)
     }
     PyObject *result = NULL;
     ferry_request_t *reqs = self->scratch;
-    int own_scratch = 0;
+    int own_scratch = 0, claimed_scratch = 0;
     if (count == 0 || (size_t)count > self->max) {
         fpy_raise(count ? FERRY_ERR_TOO_MANY : FERRY_ERR_INVALID_PARAM,
                   "submit of %zd requests to a batch of %zu", count, self->max);
@@ -178,10 +178,13 @@ static PyObject *batch_submit(fpy_batch_t *self, PyObject *requests)
             goto out;
         }
         own_scratch = 1;
+    } else {
+        self->scratch_busy = claimed_scratch = 1; /* until the library has the requests */
     }
     if ((size_t)(PyList_GET_SIZE(self->keep) + count) > self->max)
         keep_trim(self);
     Py_ssize_t kept_before = PyList_GET_SIZE(self->keep);
+    self->submitting++; /* from the first kept request to the library's answer */
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *made;
         if (request_of(self, items[i], &reqs[i], &made) < 0 ||
@@ -193,21 +196,23 @@ static PyObject *batch_submit(fpy_batch_t *self, PyObject *requests)
     }
     ferry_status_t status;
     ferry_batch_h handle = self->handle;
-    self->scratch_busy += !own_scratch;
     FPY_BLOCKING(self->engine, status = ferry_batch_submit(handle, reqs, (size_t)count));
-    self->scratch_busy -= !own_scratch;
     if (status != FERRY_OK) {
         fpy_raise(status, "ferry_batch_submit of %zd request(s)", count);
         goto out_unkeep;
     }
     result = Py_None;
     Py_INCREF(result);
-    goto out;
+    goto out_submitted;
 out_unkeep: /* nothing was queued: keep none of them */
     PyList_SetSlice(self->keep, kept_before, PyList_GET_SIZE(self->keep), NULL);
+out_submitted:
+    self->submitting--;
 out:
     if (own_scratch)
         PyMem_RawFree(reqs);
+    if (claimed_scratch)
+        self->scratch_busy = 0;
     Py_XDECREF(fast);
     return result;
 }
@@ -252,8 +257,9 @@ static PyObject *batch_wait(fpy_batch_t *self, PyObject *const *args, Py_ssize_t
     FPY_BLOCKING(self->engine, status = ferry_batch_wait(handle, ms));
     if (status == FERRY_ERR_TIMEOUT)
         return fpy_raise(status, "ferry_batch_wait(%d ms): requests still in flight", ms);
-    /* Every request finished: what they used may go. */
-    if (PyList_GET_SIZE(self->keep) > 0)
+    /* Every request finished: what they used may go, unless another thread
+     * is submitting more to this batch right now (those are kept too). */
+    if (PyList_GET_SIZE(self->keep) > 0 && self->submitting == 0)
         PyList_SetSlice(self->keep, 0, PyList_GET_SIZE(self->keep), NULL);
     if (status != FERRY_OK)
         return fpy_raise(status, "ferry_batch_wait: a request failed");

@@ -102,6 +102,7 @@ typedef struct fpy_batch {
     size_t max;
     ferry_request_t *scratch; /* max entries: the requests of one submit */
     int scratch_busy;         /* a submit on another thread uses scratch */
+    int submitting;           /* submits inside the library (GIL released) */
     PyObject *keep;           /* list: the Requests of the round, alive while in flight */
     int round_done;           /* wait() saw every request finish */
     PyObject *dict;           /* for Python subclasses' attributes */
