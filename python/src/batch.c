@@ -45,8 +45,7 @@ static PyObject *batch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!fpy_engine_usable(engine))
         return NULL;
     if (max <= 0 || max > (1 << 24))
-        return fpy_raise(FERRY_ERR_INVALID_PARAM, "Batch(max_requests=%zd): 1 to %d", max,
-                         1 << 24);
+        return fpy_raise(FERRY_ERR_INVALID_PARAM, "Batch(max_requests=%zd): 1 to %d", max, 1 << 24);
     fpy_batch_t *self = (fpy_batch_t *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -228,8 +227,7 @@ static int timeout_ms_of(PyObject *timeout, int *ms_p)
     if (seconds == -1.0 && PyErr_Occurred())
         return -1;
     if (!(seconds >= 0) || seconds > 2e6) {
-        fpy_raise(FERRY_ERR_INVALID_PARAM, "timeout %R: seconds from 0 to 2e6, or None",
-                  timeout);
+        fpy_raise(FERRY_ERR_INVALID_PARAM, "timeout %R: seconds from 0 to 2e6, or None", timeout);
         return -1;
     }
     *ms_p = (int)ceil(seconds * 1000.0);
@@ -348,23 +346,6 @@ static void batch_dealloc(fpy_batch_t *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *batch_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *batch_exit(fpy_batch_t *self, PyObject *args)
-{
-    (void)args;
-    PyObject *result = batch_close(self, NULL);
-    if (result == NULL)
-        return NULL;
-    Py_DECREF(result);
-    Py_RETURN_FALSE;
-}
-
 static PyObject *batch_closed(fpy_batch_t *self, void *closure)
 {
     (void)closure;
@@ -396,8 +377,8 @@ static PyMethodDef batch_methods[] = {
      "segment's owner after all of the batch's data, when the batch completes (by wait)."},
     {"close", (PyCFunction)batch_close, METH_NOARGS,
      "close()\n--\n\nWait for requests in flight, then destroy the batch."},
-    {"__enter__", batch_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)batch_exit, METH_VARARGS, NULL},
+    {"__enter__", fpy_enter, METH_NOARGS, NULL},
+    {"__exit__", fpy_exit, METH_VARARGS, NULL},
     {NULL},
 };
 

@@ -26,6 +26,23 @@ void fpy_link_remove(fpy_link_t *link)
     link->prev = link->next = link;
 }
 
+PyObject *fpy_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+PyObject *fpy_exit(PyObject *self, PyObject *args)
+{
+    (void)args;
+    PyObject *result = PyObject_CallMethod(self, "close", NULL);
+    if (result == NULL)
+        return NULL;
+    Py_DECREF(result);
+    Py_RETURN_FALSE;
+}
+
 int fpy_engine_usable(fpy_engine_t *engine)
 {
     if (engine->open)
@@ -65,8 +82,8 @@ static int config_field(PyObject *value, const char **field, uint64_t bit, uint6
 
 static int engine_init(fpy_engine_t *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"name",      "metadata",   "rpc_address", "transports",
-                               "module_dir", "host_id",   NULL};
+    static char *keywords[] = {"name",       "metadata", "rpc_address", "transports",
+                               "module_dir", "host_id",  NULL};
     PyObject *values[6] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOO:Engine", keywords, &values[0],
                                      &values[1], &values[2], &values[3], &values[4], &values[5]))
@@ -78,7 +95,7 @@ static int engine_init(fpy_engine_t *self, PyObject *args, PyObject *kwargs)
     ferry_config_t config = {0};
     const char **fields[6] = {&config.name,       &config.metadata,   &config.rpc_address,
                               &config.transports, &config.module_dir, &config.host_id};
-    const uint64_t bits[6] = {FERRY_CONFIG_FIELD_NAME,       FERRY_CONFIG_FIELD_METADATA,
+    const uint64_t bits[6] = {FERRY_CONFIG_FIELD_NAME,        FERRY_CONFIG_FIELD_METADATA,
                               FERRY_CONFIG_FIELD_RPC_ADDRESS, FERRY_CONFIG_FIELD_TRANSPORTS,
                               FERRY_CONFIG_FIELD_MODULE_DIR,  FERRY_CONFIG_FIELD_HOST_ID};
     for (int i = 0; i < 6; i++)
@@ -171,21 +188,9 @@ static void engine_dealloc(fpy_engine_t *self)
 
 static PyObject *engine_enter(PyObject *self, PyObject *unused)
 {
-    (void)unused;
     if (!fpy_engine_usable((fpy_engine_t *)self))
         return NULL;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *engine_exit(fpy_engine_t *self, PyObject *args)
-{
-    (void)args;
-    PyObject *result = engine_close(self, NULL);
-    if (result == NULL)
-        return NULL;
-    Py_DECREF(result);
-    Py_RETURN_FALSE;
+    return fpy_enter(self, unused);
 }
 
 static PyObject *engine_segment_name(fpy_engine_t *self, void *closure)
@@ -269,7 +274,6 @@ static int notify_message(PyObject *message, Py_buffer *view)
     return 0;
 }
 
-
 static PyObject *engine_notify_send(fpy_engine_t *self, PyObject *args)
 {
     PyObject *segment, *message;
@@ -331,7 +335,7 @@ static PyMethodDef engine_methods[] = {
      "still uses stays valid (and registered) until they are gone.  Closing twice is\n"
      "allowed; any other use after close raises ClosedError."},
     {"__enter__", engine_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)engine_exit, METH_VARARGS, NULL},
+    {"__exit__", fpy_exit, METH_VARARGS, NULL},
     {"progress", (PyCFunction)engine_progress, METH_NOARGS,
      "progress() -> int\n--\n\nAdvance transports that progress on the calling thread (ucx);\n"
      "returns the number of events handled.  Optional (see ferry_engine_progress)."},

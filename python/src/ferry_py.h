@@ -40,43 +40,43 @@ typedef struct fpy_link {
 enum { FPY_BATCHES, FPY_SEGMENTS, FPY_MEMORY, FPY_KINDS };
 
 typedef struct fpy_engine {
-    PyObject_HEAD
-    ferry_engine_h handle; /* NULL once the library engine is destroyed */
-    int open;              /* 0 from close(): every use raises ClosedError */
-    Py_ssize_t calls;      /* calls with the GIL released (close refuses while > 0) */
+    PyObject ob_base;               /* PyObject_HEAD, spelled out for clang-format */
+    ferry_engine_h handle;          /* NULL once the library engine is destroyed */
+    int open;                       /* 0 from close(): every use raises ClosedError */
+    Py_ssize_t calls;               /* calls with the GIL released (close refuses while > 0) */
     fpy_link_t children[FPY_KINDS]; /* list heads, one per kind, in closing order */
     PyObject *weakrefs;
 } fpy_engine_t;
 
 /* How a Memory came to be, which decides how it is given back. */
 typedef enum {
-    FPY_MEM_BUFFER,  /* ferry_register of a buffer-protocol object (view held) */
-    FPY_MEM_CAI,     /* ferry_register of a __cuda_array_interface__ object (ref held) */
-    FPY_MEM_DLPACK,  /* ferry_register of a DLPack tensor (managed tensor held) */
-    FPY_MEM_ALLOC,   /* ferry_alloc; ferry_free gives it back */
+    FPY_MEM_BUFFER, /* ferry_register of a buffer-protocol object (view held) */
+    FPY_MEM_CAI,    /* ferry_register of a __cuda_array_interface__ object (ref held) */
+    FPY_MEM_DLPACK, /* ferry_register of a DLPack tensor (managed tensor held) */
+    FPY_MEM_ALLOC,  /* ferry_alloc; ferry_free gives it back */
 } fpy_mem_kind_t;
 
 typedef struct fpy_memory {
-    PyObject_HEAD
-    fpy_engine_t *engine;  /* strong */
+    PyObject ob_base;
+    fpy_engine_t *engine; /* strong */
     fpy_link_t link;
     fpy_mem_kind_t kind;
-    int live;              /* registered or allocated, not yet given back */
+    int live; /* registered or allocated, not yet given back */
     void *addr;
     size_t length;
     unsigned flags;
-    int readonly;          /* remote write refused, never a read destination */
-    int device;            /* not host memory: no buffer protocol */
+    int readonly; /* remote write refused, never a read destination */
+    int device;   /* not host memory: no buffer protocol */
     char location[72];
-    Py_ssize_t users;      /* buffer views exported + Requests using it */
-    Py_buffer view;        /* FPY_MEM_BUFFER: the registered object's view */
-    PyObject *owner;       /* FPY_MEM_CAI: the object; FPY_MEM_DLPACK: the capsule */
-    void *dl_managed;      /* FPY_MEM_DLPACK: DLManagedTensor, deleted on release */
+    Py_ssize_t users; /* buffer views exported + Requests using it */
+    Py_buffer view;   /* FPY_MEM_BUFFER: the registered object's view */
+    PyObject *owner;  /* FPY_MEM_CAI: the object; FPY_MEM_DLPACK: the capsule */
+    void *dl_managed; /* FPY_MEM_DLPACK: DLManagedTensor, deleted on release */
     PyObject *weakrefs;
 } fpy_memory_t;
 
 typedef struct fpy_segment {
-    PyObject_HEAD
+    PyObject ob_base;
     fpy_engine_t *engine; /* strong */
     fpy_link_t link;
     ferry_segment_h handle; /* NULL once closed */
@@ -85,17 +85,17 @@ typedef struct fpy_segment {
 } fpy_segment_t;
 
 typedef struct fpy_request {
-    PyObject_HEAD
-    ferry_request_t req;   /* target is filled from segment at submit */
+    PyObject ob_base;
+    ferry_request_t req;    /* target is filled from segment at submit */
     fpy_segment_t *segment; /* strong */
     fpy_memory_t *memory;   /* strong, counted in memory->users; or NULL */
     Py_buffer view;         /* the local object's view when memory is NULL */
     int has_view;
-    PyObject *transport;    /* str or NULL; req.transport points into it */
+    PyObject *transport; /* str or NULL; req.transport points into it */
 } fpy_request_t;
 
 typedef struct fpy_batch {
-    PyObject_HEAD
+    PyObject ob_base;
     fpy_engine_t *engine; /* strong */
     fpy_link_t link;
     ferry_batch_h handle; /* NULL once closed */
@@ -124,6 +124,9 @@ int fpy_engine_usable(fpy_engine_t *engine); /* 0 and ClosedError when closed */
 void fpy_link_init(fpy_link_t *link, PyObject *self);
 void fpy_link_add(fpy_engine_t *engine, int kind, fpy_link_t *link);
 void fpy_link_remove(fpy_link_t *link);
+/* __enter__ returning self and __exit__ calling self.close(), for every type. */
+PyObject *fpy_enter(PyObject *self, PyObject *unused);
+PyObject *fpy_exit(PyObject *self, PyObject *args);
 /* After a Memory left the list: a closed engine waiting for it is destroyed. */
 void fpy_engine_memory_gone(fpy_engine_t *engine);
 /* The handle of a Segment of this engine; -1 with ClosedError/ArgumentError. */

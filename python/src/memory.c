@@ -39,8 +39,14 @@ typedef struct fpy_dl_managed {
     void (*deleter)(struct fpy_dl_managed *self);
 } fpy_dl_managed_t;
 
-enum { FPY_DL_CPU = 1, FPY_DL_CUDA = 2, FPY_DL_CUDA_HOST = 3, FPY_DL_ROCM = 10,
-       FPY_DL_ROCM_HOST = 11, FPY_DL_CUDA_MANAGED = 13 };
+enum {
+    FPY_DL_CPU = 1,
+    FPY_DL_CUDA = 2,
+    FPY_DL_CUDA_HOST = 3,
+    FPY_DL_ROCM = 10,
+    FPY_DL_ROCM_HOST = 11,
+    FPY_DL_CUDA_MANAGED = 13
+};
 
 /* Host memory kinds (the buffer protocol applies); others are devices. */
 static int location_is_host(const char *location)
@@ -148,8 +154,8 @@ static PyObject *memory_register(fpy_memory_t *self, const char *location, unsig
     size_t length = self->length;
     FPY_BLOCKING(engine, status = ferry_register(engine->handle, addr, length, location, flags));
     if (status != FERRY_OK) {
-        PyObject *result = fpy_raise(status, "ferry_register(%zu bytes at %p, \"%s\")", length,
-                                     addr, location);
+        PyObject *result =
+            fpy_raise(status, "ferry_register(%zu bytes at %p, \"%s\")", length, addr, location);
         Py_DECREF(self);
         return result;
     }
@@ -347,8 +353,7 @@ static PyObject *memory_register_object(PyObject *cls, PyObject *args, PyObject 
                                  "(pass flags=ferry.REMOTE_READ)");
             }
             PyErr_Clear();
-            return fpy_raise(FERRY_ERR_INVALID_PARAM,
-                             "register: the buffer is not contiguous");
+            return fpy_raise(FERRY_ERR_INVALID_PARAM, "register: the buffer is not contiguous");
         }
         self->addr = self->view.buf;
         self->length = (size_t)self->view.len;
@@ -439,7 +444,8 @@ static PyObject *memory_close(fpy_memory_t *self, PyObject *unused)
         Py_RETURN_NONE;
     if (self->users > 0)
         return fpy_raise(FERRY_ERR_BUSY,
-                         "Memory.close: %zd array(s) or Request(s) still use this memory", self->users);
+                         "Memory.close: %zd array(s) or Request(s) still use this memory",
+                         self->users);
     if (self->engine->calls > 0)
         return fpy_raise(FERRY_ERR_BUSY, "Memory.close: a call is in progress on another thread");
     ferry_status_t status = fpy_memory_release(self);
@@ -464,13 +470,12 @@ static int memory_getbuffer(fpy_memory_t *self, Py_buffer *view, int flags)
         return -1;
     }
     if (self->device || self->kind != FPY_MEM_ALLOC) {
-        PyErr_SetString(PyExc_BufferError,
-                        self->device ? "device memory has no host buffer"
-                                     : "use the registered object itself");
+        PyErr_SetString(PyExc_BufferError, self->device ? "device memory has no host buffer"
+                                                        : "use the registered object itself");
         return -1;
     }
-    if (PyBuffer_FillInfo(view, (PyObject *)self, self->addr, (Py_ssize_t)self->length, 0,
-                          flags) < 0)
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->addr, (Py_ssize_t)self->length, 0, flags) <
+        0)
         return -1;
     self->users++;
     return 0;
@@ -493,23 +498,6 @@ static PyBufferProcs memory_as_buffer = {
     .bf_getbuffer = (getbufferproc)memory_getbuffer,
     .bf_releasebuffer = (releasebufferproc)memory_releasebuffer,
 };
-
-static PyObject *memory_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *memory_exit(fpy_memory_t *self, PyObject *args)
-{
-    (void)args;
-    PyObject *result = memory_close(self, NULL);
-    if (result == NULL)
-        return NULL;
-    Py_DECREF(result);
-    Py_RETURN_FALSE;
-}
 
 static PyObject *memory_addr(fpy_memory_t *self, void *closure)
 {
@@ -561,8 +549,8 @@ static PyObject *memory_cuda_array_interface(fpy_memory_t *self, void *closure)
         return NULL;
     }
     return Py_BuildValue("{s:(Ni),s:(n),s:s,s:O,s:i,s:O}", "data", PyLong_FromVoidPtr(self->addr),
-                         0, "shape", (Py_ssize_t)self->length, "typestr", "|u1", "strides",
-                         Py_None, "version", 3, "stream", Py_None);
+                         0, "shape", (Py_ssize_t)self->length, "typestr", "|u1", "strides", Py_None,
+                         "version", 3, "stream", Py_None);
 }
 
 static PyObject *memory_repr(fpy_memory_t *self)
@@ -575,8 +563,8 @@ static PyMethodDef memory_methods[] = {
     {"close", (PyCFunction)memory_close, METH_NOARGS,
      "close()\n--\n\nUnregister (waiting for transfers on it, telling peers) or, for memory\n"
      "from alloc, free it.  BusyError while arrays or Requests still use it."},
-    {"__enter__", memory_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)memory_exit, METH_VARARGS, NULL},
+    {"__enter__", fpy_enter, METH_NOARGS, NULL},
+    {"__exit__", fpy_exit, METH_VARARGS, NULL},
     {"_register", (PyCFunction)(void (*)(void))memory_register_object,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"_alloc", (PyCFunction)(void (*)(void))memory_alloc, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
@@ -590,8 +578,7 @@ static PyGetSetDef memory_getset[] = {
     {"nbytes", (getter)memory_nbytes, NULL, "Its length in bytes.", NULL},
     {"location", (getter)memory_location, NULL,
      "Where it is: \"cpu\", \"cuda:0\", ... (\"*\": detected by the engine).", NULL},
-    {"flags", (getter)memory_flags, NULL, "REMOTE_READ | REMOTE_WRITE | DEFER_PUBLISH bits.",
-     NULL},
+    {"flags", (getter)memory_flags, NULL, "REMOTE_READ | REMOTE_WRITE | DEFER_PUBLISH bits.", NULL},
     {"is_device", (getter)memory_is_device, NULL, "True for accelerator memory.", NULL},
     {"closed", (getter)memory_closed, NULL, "True after close() or its engine's close().", NULL},
     {"__cuda_array_interface__", (getter)memory_cuda_array_interface, NULL,

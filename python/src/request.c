@@ -39,8 +39,7 @@ static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         }
         if (FPY_WRITES_LOCAL(op) && memory->readonly) {
             Py_DECREF(self);
-            return fpy_raise(FERRY_ERR_INVALID_PARAM,
-                             "Request: a READ into read-only memory");
+            return fpy_raise(FERRY_ERR_INVALID_PARAM, "Request: a READ into read-only memory");
         }
         Py_INCREF(memory);
         memory->users++;

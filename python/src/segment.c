@@ -141,23 +141,6 @@ static PyObject *segment_closed(fpy_segment_t *self, void *closure)
     return PyBool_FromLong(self->handle == NULL || !self->engine->open);
 }
 
-static PyObject *segment_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *segment_exit(fpy_segment_t *self, PyObject *args)
-{
-    (void)args;
-    PyObject *result = segment_close(self, NULL);
-    if (result == NULL)
-        return NULL;
-    Py_DECREF(result);
-    Py_RETURN_FALSE;
-}
-
 static PyObject *segment_repr(fpy_segment_t *self)
 {
     return PyUnicode_FromFormat("<ferry.Segment %R%s>", self->name,
@@ -171,8 +154,8 @@ static PyMethodDef segment_methods[] = {
      "describe_json() -> str\n--\n\nThe segment's decoded descriptor as JSON text."},
     {"refresh", (PyCFunction)segment_refresh, METH_NOARGS,
      "refresh()\n--\n\nFetch the segment's descriptor again."},
-    {"__enter__", segment_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)segment_exit, METH_VARARGS, NULL},
+    {"__enter__", fpy_enter, METH_NOARGS, NULL},
+    {"__exit__", fpy_exit, METH_VARARGS, NULL},
     {NULL},
 };
 
@@ -182,8 +165,7 @@ static PyMemberDef segment_members[] = {
 };
 
 static PyGetSetDef segment_getset[] = {
-    {"closed", (getter)segment_closed, NULL, "True after close() or its engine's close().",
-     NULL},
+    {"closed", (getter)segment_closed, NULL, "True after close() or its engine's close().", NULL},
     {NULL},
 };
 
