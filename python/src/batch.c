@@ -195,7 +195,9 @@ static PyObject *batch_submit(fpy_batch_t *self, PyObject *requests)
     }
     ferry_status_t status;
     ferry_batch_h handle = self->handle;
+    self->calls++;
     FPY_BLOCKING(self->engine, status = ferry_batch_submit(handle, reqs, (size_t)count));
+    self->calls--;
     if (status != FERRY_OK) {
         fpy_raise(status, "ferry_batch_submit of %zd request(s)", count);
         goto out_unkeep;
@@ -252,7 +254,9 @@ static PyObject *batch_wait(fpy_batch_t *self, PyObject *const *args, Py_ssize_t
         return NULL;
     ferry_status_t status;
     ferry_batch_h handle = self->handle;
+    self->calls++;
     FPY_BLOCKING(self->engine, status = ferry_batch_wait(handle, ms));
+    self->calls--;
     if (status == FERRY_ERR_TIMEOUT)
         return fpy_raise(status, "ferry_batch_wait(%d ms): requests still in flight", ms);
     /* Every request finished: what they used may go, unless another thread
@@ -308,8 +312,10 @@ static PyObject *batch_notify(fpy_batch_t *self, PyObject *args)
     if (batch_usable(self) && fpy_segment_of(self->engine, segment, &handle) == 0) {
         ferry_status_t status;
         ferry_batch_h batch = self->handle;
+        self->calls++;
         FPY_BLOCKING(self->engine,
                      status = ferry_batch_notify(batch, handle, view.buf, (size_t)view.len));
+        self->calls--;
         if (status != FERRY_OK)
             fpy_raise(status, "ferry_batch_notify (%zd bytes)", view.len);
         else
@@ -324,8 +330,9 @@ static PyObject *batch_close(fpy_batch_t *self, PyObject *unused)
     (void)unused;
     if (self->handle == NULL)
         Py_RETURN_NONE;
-    if (self->engine->calls > 0)
-        return fpy_raise(FERRY_ERR_BUSY, "Batch.close: a call is in progress on another thread");
+    if (self->calls > 0)
+        return fpy_raise(FERRY_ERR_BUSY, "Batch.close: a call on this batch is in progress on "
+                                         "another thread");
     ferry_status_t status = fpy_batch_release(self);
     if (status != FERRY_OK)
         return fpy_raise(status, "ferry_batch_destroy");

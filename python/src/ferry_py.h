@@ -18,8 +18,11 @@
  *
  * Threads.  The GIL is released around every call that can block (open,
  * register, unregister, submit, wait, notify, create, destroy).  While one
- * runs, engine->calls > 0 and Engine.close() refuses (BusyError): nothing
- * is freed under a call in progress on another thread.
+ * runs, engine->calls > 0 and Engine.close() refuses (BusyError), and so
+ * does Batch.close() while a call on that batch runs (batch->calls): nothing
+ * is freed under a call in progress on another thread.  Memory and Segment
+ * mark themselves closed before they call the library, so a second close
+ * from another thread does nothing.
  */
 #ifndef FERRY_PY_H
 #define FERRY_PY_H
@@ -103,6 +106,7 @@ typedef struct fpy_batch {
     ferry_request_t *scratch; /* max entries: the requests of one submit */
     int scratch_busy;         /* a submit on another thread uses scratch */
     int submitting;           /* submits inside the library (GIL released) */
+    Py_ssize_t calls;         /* its calls in progress (GIL released): close refuses */
     PyObject *keep;           /* list: the Requests of the round, alive while in flight */
     int round_done;           /* wait() saw every request finish */
     PyObject *dict;           /* for Python subclasses' attributes */

@@ -102,14 +102,15 @@ ferry_status_t fpy_memory_release(fpy_memory_t *self)
 {
     ferry_status_t status = FERRY_OK;
     fpy_engine_t *engine = self->engine;
-    if (self->live && engine->handle != NULL) {
+    int live = self->live;
+    self->live = 0; /* first: a close from another thread meanwhile does nothing */
+    if (live && engine->handle != NULL) {
         void *addr = self->addr;
         if (self->kind == FPY_MEM_ALLOC)
             FPY_BLOCKING(engine, status = ferry_free(engine->handle, addr));
         else
             FPY_BLOCKING(engine, status = ferry_unregister(engine->handle, addr));
     }
-    self->live = 0;
     drop_owner(self);
     if (self->link.next != &self->link) {
         fpy_link_remove(&self->link);
@@ -446,8 +447,6 @@ static PyObject *memory_close(fpy_memory_t *self, PyObject *unused)
         return fpy_raise(FERRY_ERR_BUSY,
                          "Memory.close: %zd array(s) or Request(s) still use this memory",
                          self->users);
-    if (self->engine->calls > 0)
-        return fpy_raise(FERRY_ERR_BUSY, "Memory.close: a call is in progress on another thread");
     ferry_status_t status = fpy_memory_release(self);
     if (status != FERRY_OK)
         return fpy_raise(status, "Memory.close");

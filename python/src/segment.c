@@ -60,11 +60,10 @@ ferry_status_t fpy_segment_release(fpy_segment_t *self)
 {
     ferry_status_t status = FERRY_OK;
     fpy_engine_t *engine = self->engine;
-    if (self->handle != NULL && engine->handle != NULL) {
-        ferry_segment_h handle = self->handle;
+    ferry_segment_h handle = self->handle;
+    self->handle = NULL; /* first: a close from another thread meanwhile does nothing */
+    if (handle != NULL && engine->handle != NULL)
         FPY_BLOCKING(engine, status = ferry_segment_close(engine->handle, handle));
-    }
-    self->handle = NULL;
     fpy_link_remove(&self->link);
     return status;
 }

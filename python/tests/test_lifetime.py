@@ -148,3 +148,32 @@ def test_error_classes_follow_status_families():
     assert issubclass(ferry.TransferTimeout, TimeoutError)
     assert ferry.error_class(-80) is ferry.LocalIOError
     assert issubclass(ferry.ArgumentError, ValueError)
+
+
+def test_threads_transfer_at_once_on_one_engine():
+    with ferry.Engine(rpc_address="127.0.0.1") as engine:
+        target = engine.alloc(1 << 16)
+        target[:] = 0
+        own = engine.open(engine.segment_name)
+        errors = []
+
+        def writer(index):
+            try:
+                source = np.full(4096, index + 1, np.uint8)
+                request = ferry.Request(ferry.WRITE, source, own,
+                                        target.ctypes.data + index * 4096)
+                with engine.batch(1) as batch:
+                    for _ in range(200):
+                        batch.submit(request)
+                        batch.wait(30)
+            except Exception as error:  # reported below, in the test's thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors
+        for i in range(8):
+            assert (target[i * 4096:(i + 1) * 4096] == i + 1).all()
