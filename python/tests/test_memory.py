@@ -176,3 +176,11 @@ def test_dlpack_device_path(engine):
     assert memory.location == "cpu"
     memory.close()
     assert FakeDLPack.deleted == before + 3  # every consumed tensor was given back
+
+
+def test_alloc_without_numpy_returns_a_memoryview(engine, monkeypatch):
+    monkeypatch.setattr(ferry, "_np", None)
+    view = engine.alloc(4096)
+    assert isinstance(view, memoryview) and view.nbytes == 4096 and not view.readonly
+    view[:4] = b"abcd"
+    assert bytes(view[:4]) == b"abcd"
