@@ -52,7 +52,8 @@ esac
 lib="$builddir/python/lib"
 (cd "$srcdir/python" &&
     CFLAGS="-Werror$sanitize" LDFLAGS="$sanitize" FERRY_BUILDDIR="$builddir" FERRY_SRCDIR="$srcdir" \
-        "$python" setup.py --quiet build --build-base "$builddir/python/build" \
+        "$python" setup.py --quiet egg_info --egg-base "$builddir/python" \
+        build --build-base "$builddir/python/build" \
         --build-lib "$lib") || { echo "FAIL: the extension did not build"; exit 1; }
 export PYTHONPATH="$lib${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
 [ -z "$preload" ] || export LD_PRELOAD="${preload# }${LD_PRELOAD:+ $LD_PRELOAD}"
