@@ -50,6 +50,9 @@ case "$sanitize" in
     export ASAN_OPTIONS ;;
 esac
 lib="$builddir/python/lib"
+# setup.py wants its egg base to exist (a build tree configured before the
+# package came has no python/ folder yet).
+mkdir -p "$builddir/python" || { echo "FAIL: cannot create $builddir/python"; exit 1; }
 (cd "$srcdir/python" &&
     CFLAGS="-Werror$sanitize" LDFLAGS="$sanitize" FERRY_BUILDDIR="$builddir" FERRY_SRCDIR="$srcdir" \
         "$python" setup.py --quiet egg_info --egg-base "$builddir/python" \
