@@ -177,6 +177,10 @@ struct ferry_slice {
 typedef enum ferry_access {
     FERRY_ACCESS_READ = 1,  /* a peer reads from this engine's memory */
     FERRY_ACCESS_WRITE = 2, /* a peer writes into this engine's memory */
+    /* With READ or WRITE: the caller serves storage buffers too (it does
+     * their I/O on the file); without it a storage buffer is refused
+     * (FERRY_ERR_UNSUPPORTED), its addresses being no memory. */
+    FERRY_ACCESS_STORAGE = 4,
 } ferry_access_t;
 
 typedef struct ferry_transport_services {
@@ -358,6 +362,12 @@ enum {
      * forms"); without it (an older plugin, or a store others read, as
      * Mooncake's HTTP server) descriptors are published as JSON. */
     FERRY_METADATA_COMPACT = 1u << 5,
+    /* transports: reaches storage buffers (location "file", from
+     * ferry_register_storage).  Such a buffer is registered with these
+     * transports only, and mem_register is not called: their key is the
+     * engine's storage key (src/core/storage_key.c), which says where the
+     * storage lives and how a peer recognises it. */
+    FERRY_TRANSPORT_STORAGE = 1u << 6,
 };
 
 /* ---- metadata stores ---- */

@@ -168,7 +168,7 @@ ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc)
                         cur->addr, cur->length, prev->addr, prev->length);
         return FERRY_ERR_DECODE;
     }
-    return FERRY_OK;
+    return ferry_storage_keys_check(desc, 0, desc->n_buffers);
 }
 
 const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,

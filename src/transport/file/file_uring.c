@@ -1,0 +1,197 @@
+/*
+ * The io_uring engine: one ring per transport, FERRY_FILE_QUEUE_DEPTH
+ * entries (its completion queue twice that, so it never overflows), one
+ * submit (one system call) per ferry_file_submit however many slices it
+ * carries, and one reaper thread that finishes ops and continues short
+ * ones from where they stopped.
+ *
+ * lock guards the submission queue (submitters and the reaper's
+ * continuations share it), in_flight and stopping; the reaper alone reads
+ * the completion queue, without it.  An op counts in in_flight from its
+ * first submission to its finish, so that there is always a free
+ * submission entry for a continuation.  stop waits for in_flight to reach
+ * 0, then sends a NOP with no op, on which the reaper leaves.
+ */
+#include <config.h>
+
+#include "file.h"
+
+#ifdef HAVE_LIBURING
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* io_uring lengths are 32-bit: a longer op goes in pieces, as a short
+ * transfer would. */
+#define PIECE_MAX ((size_t)1 << 30)
+
+typedef struct uring {
+    ferry_file_t *file;
+    struct io_uring ring;
+    pthread_mutex_t lock;
+    pthread_cond_t space;
+    unsigned in_flight, depth;
+    int stopping;
+    pthread_t reaper;
+} uring_t;
+
+/* Queue op's next piece; caller holds lock, and in_flight leaves room. */
+static void prepare(uring_t *u, ferry_file_op_t *op)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    unsigned length = (unsigned)FERRY_MIN(op->left, PIECE_MAX);
+    if (op->write) {
+        io_uring_prep_write(sqe, op->fd, op->buffer, length, op->offset);
+        sqe->rw_flags = op->rw_flags;
+    } else {
+        io_uring_prep_read(sqe, op->fd, op->buffer, length, op->offset);
+    }
+    io_uring_sqe_set_data(sqe, op);
+}
+
+static void submit_locked(uring_t *u)
+{
+    int n;
+    do
+        n = io_uring_submit(&u->ring);
+    while (n == -EINTR || n == -EAGAIN);
+    if (n < 0)
+        ferry_error("file: io_uring_submit: %s", strerror(-n));
+}
+
+static void uring_start(void *engine, ferry_file_op_t *ops)
+{
+    uring_t *u = engine;
+    pthread_mutex_lock(&u->lock);
+    for (ferry_file_op_t *op = ops, *next; op != NULL; op = next) {
+        next = op->next;
+        op->next = NULL;
+        while (u->in_flight >= u->depth) {
+            submit_locked(u); /* what is queued goes before we wait */
+            pthread_cond_wait(&u->space, &u->lock);
+        }
+        u->in_flight++;
+        prepare(u, op);
+    }
+    submit_locked(u);
+    pthread_mutex_unlock(&u->lock);
+}
+
+/* One completion: continue the op, or finish it (returns 1). */
+static int complete(uring_t *u, ferry_file_op_t *op, int res)
+{
+    ferry_status_t status = ferry_file_op_advance(op, res);
+    if (status == FERRY_INPROGRESS) {
+        pthread_mutex_lock(&u->lock);
+        prepare(u, op);
+        submit_locked(u);
+        pthread_mutex_unlock(&u->lock);
+        return 0;
+    }
+    ferry_file_op_finish(u->file, op, status);
+    return 1;
+}
+
+static void *reaper(void *arg)
+{
+    uring_t *u = arg;
+    for (int stop = 0; !stop;) {
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_wait_cqe(&u->ring, &cqe);
+        if (rc == -EINTR || rc == -EAGAIN)
+            continue;
+        if (rc < 0) {
+            ferry_error("file: io_uring_wait_cqe: %s", strerror(-rc));
+            break;
+        }
+        unsigned finished = 0, seen = 0, head;
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
+            ferry_file_op_t *op = io_uring_cqe_get_data(cqe);
+            int res = cqe->res;
+            seen++;
+            if (op == NULL) {
+                stop = 1;
+                continue;
+            }
+            /* the entry is handed back before a continuation needs one */
+            finished += (unsigned)complete(u, op, res);
+        }
+        io_uring_cq_advance(&u->ring, seen);
+        if (finished > 0) {
+            pthread_mutex_lock(&u->lock);
+            u->in_flight -= finished;
+            pthread_cond_broadcast(&u->space);
+            pthread_mutex_unlock(&u->lock);
+        }
+    }
+    return NULL;
+}
+
+static void uring_stop(void *engine)
+{
+    uring_t *u = engine;
+    pthread_mutex_lock(&u->lock);
+    u->stopping = 1;
+    while (u->in_flight > 0)
+        pthread_cond_wait(&u->space, &u->lock);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, NULL);
+    submit_locked(u);
+    pthread_mutex_unlock(&u->lock);
+    pthread_join(u->reaper, NULL);
+    io_uring_queue_exit(&u->ring);
+    pthread_cond_destroy(&u->space);
+    pthread_mutex_destroy(&u->lock);
+    free(u);
+}
+
+static ferry_status_t uring_create(ferry_file_t *file, void **engine_p)
+{
+    uring_t *u = calloc(1, sizeof(*u));
+    if (u == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    u->file = file;
+    /* one entry more than the ops in flight: the NOP that stops the reaper */
+    u->depth = file->settings.queue_depth;
+    struct io_uring_params params;
+    memset(&params, 0, sizeof(params));
+    params.flags = IORING_SETUP_CQSIZE;
+    params.cq_entries = 2 * (u->depth + 1);
+    int rc = io_uring_queue_init_params(u->depth + 1, &u->ring, &params);
+    if (rc < 0) {
+        ferry_info("file: io_uring_queue_init(%u): %s", u->depth + 1, strerror(-rc));
+        free(u);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    pthread_mutex_init(&u->lock, NULL);
+    pthread_cond_init(&u->space, NULL);
+    if (pthread_create(&u->reaper, NULL, reaper, u) != 0) {
+        ferry_error("file: cannot start the io_uring reaper thread");
+        io_uring_queue_exit(&u->ring);
+        pthread_cond_destroy(&u->space);
+        pthread_mutex_destroy(&u->lock);
+        free(u);
+        return FERRY_ERR_NO_RESOURCE;
+    }
+    *engine_p = u;
+    return FERRY_OK;
+}
+
+static const ferry_file_engine_ops_t uring_ops = {
+    .name = "uring",
+    .create = uring_create,
+    .start = uring_start,
+    .stop = uring_stop,
+};
+
+const ferry_file_engine_ops_t *const ferry_file_uring_ops = &uring_ops;
+
+#else
+
+const ferry_file_engine_ops_t *const ferry_file_uring_ops = NULL;
+
+#endif
