@@ -115,7 +115,9 @@ static ferry_status_t open_region(const ferry_storage_region_t *region, unsigned
     int fd = open(region->path, mode | O_CLOEXEC);
     if (fd < 0) {
         ferry_error("register storage %s: open: %s", region->path, strerror(errno));
-        return errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO;
+        return errno == ENOENT ? FERRY_ERR_NOT_FOUND
+               : errno == EISDIR ? FERRY_ERR_INVALID_PARAM
+                                 : FERRY_ERR_IO;
     }
     struct stat st;
     uint64_t size = 0;

@@ -3,7 +3,7 @@
  * (ferry_register_storage) itself, on its own descriptor of the same file or
  * namespace, when it can reach it (README.md: design, fencing and limits).
  *
- * Endpoint string: "file1:" and the owner's process identity (plugin.h),
+ * Endpoint string: "file1:", the owner's process identity (plugin.h) and ":",
  * by which a same-host initiator sees that the owner is gone.  Buffer keys:
  * the engine's storage keys (src/core/storage_key.c), checked by the
  * descriptor decoders before they get here.

@@ -94,7 +94,7 @@ static ferry_status_t file_create(const ferry_transport_services_t *svc, void **
                                                 ferry_file_settings_count, &file->settings);
     char identity[192];
     ferry_process_identity(identity, sizeof(identity));
-    file->address = ferry_strdup_printf(FERRY_FILE_ENDPOINT_PREFIX "%s", identity);
+    file->address = ferry_strdup_printf(FERRY_FILE_ENDPOINT_PREFIX "%s:", identity);
     if (status == FERRY_OK && file->address == NULL)
         status = FERRY_ERR_NO_MEMORY;
     if (status == FERRY_OK && (file->settings.threads == 0 || file->settings.queue_depth == 0)) {
