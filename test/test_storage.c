@@ -101,8 +101,9 @@ static uintptr_t owner_start(const char *file, unsigned options, ferry_segment_h
     return addr;
 }
 
-/* Writes and reads, aligned and not, each checked in the file itself. */
-static void read_write_checked(const char *file, unsigned options)
+/* Writes and reads, aligned and not (aligned only: the unaligned ones
+ * FAIL), each checked in the file itself. */
+static void read_write_checked_as(const char *file, unsigned options, int aligned_only)
 {
     ferry_segment_h segment;
     uintptr_t addr = owner_start(file, options, &segment);
@@ -116,6 +117,13 @@ static void read_write_checked(const char *file, unsigned options)
     unsigned char *check = malloc(RANGE);
     for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         unsigned seed = 100 + i;
+        if (aligned_only && (cases[i].at % 4096 || cases[i].length % 4096)) {
+            ferry_xfer_status_t xs;
+            cr_assert_eq(one_request(engine, FERRY_OP_WRITE, local + cases[i].local_at, segment,
+                                     addr + cases[i].at, cases[i].length, &xs),
+                         FERRY_ERR_INVALID_PARAM, "case %u", i);
+            continue;
+        }
         test_pattern_fill(local + cases[i].local_at, cases[i].length, seed);
         cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local + cases[i].local_at,
                                            segment, addr + cases[i].at, cases[i].length,
@@ -140,6 +148,11 @@ static void read_write_checked(const char *file, unsigned options)
         cr_assert_eq(check[i], 0, "byte %zu after the range", i);
     free(check);
     ferry_segment_close(engine, segment);
+}
+
+static void read_write_checked(const char *file, unsigned options)
+{
+    read_write_checked_as(file, options, 0);
 }
 
 Test(storage, tmp_file_uring)
@@ -484,21 +497,64 @@ static int run_capture(const char *command, char *out, size_t size)
     return pclose(p);
 }
 
-Test(storage, loop_block_device)
+static char loop_device[128];
+
+static void loop_detach(void)
 {
-    start("uring");
+    stop();
+    if (loop_device[0] != '\0') {
+        char command[256];
+        snprintf(command, sizeof(command), "losetup -d %s", loop_device);
+        if (system(command) != 0)
+            fprintf(stderr, "test_storage: %s failed\n", command);
+    }
+    loop_device[0] = '\0';
+}
+
+/* A loop device on a new file, or the test skips saying why. */
+static void loop_attach(void)
+{
     make_file("/tmp");
-    char command[512], device[128];
+    char command[512];
     snprintf(command, sizeof(command), "losetup -f --show %s 2>/dev/null", path);
-    if (geteuid() != 0 || run_capture(command, device, sizeof(device)) != 0 ||
-        device[0] != '/') {
+    if (geteuid() != 0 || run_capture(command, loop_device, sizeof(loop_device)) != 0 ||
+        loop_device[0] != '/') {
+        loop_device[0] = '\0';
         cr_skip_test("cannot attach a loop device here (needs root and /dev/loop-control)");
     }
-    read_write_checked(device, 0);
-    peer_stop(&peer);
-    peer_running = 0;
-    snprintf(command, sizeof(command), "losetup -d %s", device);
+}
+
+Test(storage, loop_block_device, .fini = loop_detach)
+{
+    start("uring");
+    loop_attach();
+    read_write_checked(loop_device, 0);
+}
+
+/* The owner's block device has a WWID (a fake sysfs tree says so): the key
+ * names it, the initiator finds it by WWID under another name, and the
+ * storage counts as shared between hosts (direct, aligned I/O only). */
+Test(storage, loop_block_device_by_wwid, .fini = loop_detach)
+{
+    char root[] = "/tmp/ferry-sysfs-XXXXXX", dir[600], command[700];
+    cr_assert_not_null(mkdtemp(root));
+    setenv("FERRY_FILE_SYSFS_ROOT", root, 1); /* the peer inherits it */
+    setenv("FERRY_FILE_DEV_ROOT", root, 1);
+    start("uring");
+    loop_attach();
+    struct stat st;
+    cr_assert_eq(stat(loop_device, &st), 0);
+    snprintf(command, sizeof(command),
+             "mkdir -p %s/dev/block/%u:%u %s/block/nvme7n1 && echo eui.00ffee0011 > "
+             "%s/dev/block/%u:%u/wwid && echo eui.00ffee0011 > %s/block/nvme7n1/wwid && "
+             "ln -s %s %s/nvme7n1", root, major(st.st_rdev), minor(st.st_rdev), root, root,
+             major(st.st_rdev), minor(st.st_rdev), root, loop_device, root);
     cr_assert_eq(system(command), 0);
+    read_write_checked_as(loop_device, 0, 1);
+    unsetenv("FERRY_FILE_SYSFS_ROOT");
+    unsetenv("FERRY_FILE_DEV_ROOT");
+    snprintf(dir, sizeof(dir), "rm -rf %s", root);
+    cr_assert_eq(system(dir), 0);
 }
 
 /* ---- failures ---- */
