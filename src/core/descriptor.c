@@ -22,6 +22,10 @@
  *                                       transport name -> key string; a
  *                                       transport without a key is absent
  *    "files":[]}                        reserved: must be an array if present
+ *                                       (storage buffers travel as buffers at
+ *                                       location "file" whose "file" key is a
+ *                                       storage key, storage_key.c, checked by
+ *                                       ferry_descriptor_finish)
  *
  * 64-bit values travel as strings so that no JSON number (double or int64)
  * ever carries them.  Unknown members are ignored so a newer writer can add
