@@ -83,6 +83,8 @@ typedef struct ferry_file_engine_ops {
     ferry_status_t (*create)(ferry_file_t *file, void **engine_p);
     void (*start)(void *engine, ferry_file_op_t *ops);
     void (*stop)(void *engine);
+    /* Optional: finish what completed, on the calling thread; how many. */
+    unsigned (*progress)(void *engine);
 } ferry_file_engine_ops_t;
 
 struct ferry_file {

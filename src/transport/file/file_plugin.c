@@ -147,6 +147,12 @@ static void file_peer_forget(void *ctx, const ferry_peer_t *peer)
     ferry_file_targets_forget(ctx, peer->name, peer->generation);
 }
 
+static unsigned file_progress(void *ctx)
+{
+    ferry_file_t *file = ctx;
+    return file->io->progress != NULL ? file->io->progress(file->io_engine) : 0;
+}
+
 static size_t file_slice_size(void *ctx)
 {
     return 0; /* one I/O per request: the kernel takes any size */
@@ -175,6 +181,7 @@ static const ferry_transport_ops_t file_ops = {
     .submit = ferry_file_submit,
     .peer_forget = file_peer_forget,
     .slice_size = file_slice_size,
+    .progress = file_progress,
     .peer_changed = file_peer_forget,
 };
 

@@ -112,9 +112,32 @@ static void pool_start(void *engine, ferry_file_op_t *ops)
     pthread_mutex_unlock(&pool->lock);
 }
 
+/* A waiting thread (ferry_batch_wait's spin) does the next queued op
+ * itself, as a synchronous engine would, instead of waking a pool thread
+ * and then being woken by it. */
+static unsigned pool_progress(void *engine)
+{
+    pool_t *pool = engine;
+    if (pthread_mutex_trylock(&pool->lock) != 0)
+        return 0;
+    ferry_file_op_t *op = pool->head;
+    if (op != NULL) {
+        pool->head = op->next;
+        if (pool->head == NULL)
+            pool->tail = &pool->head;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (op == NULL)
+        return 0;
+    op->next = NULL;
+    do_op(pool->file, op);
+    return 1;
+}
+
 const ferry_file_engine_ops_t ferry_file_pool_ops = {
     .name = "threads",
     .create = pool_create,
     .start = pool_start,
     .stop = pool_stop,
+    .progress = pool_progress,
 };

@@ -6,11 +6,16 @@
  * ones from where they stopped.
  *
  * lock guards the submission queue (submitters and the reaper's
- * continuations share it), in_flight and stopping; the reaper alone reads
- * the completion queue, without it.  An op counts in in_flight from its
- * first submission to its finish, so that there is always a free
- * submission entry for a continuation.  stop waits for in_flight to reach
- * 0, then sends a NOP with no op, on which the reaper leaves.
+ * continuations share it), in_flight and stopping.  reap_lock guards the
+ * completion queue: the reaper takes it after the kernel woke it, and a
+ * thread that drives progress (ferry_batch_wait's spin) tries it, so that a
+ * completion the kernel posted at once (a page-cache read) finishes on the
+ * waiting thread, without a wake-up of the reaper and then of the waiter.
+ * An op counts in in_flight from its first submission to its finish, so
+ * that there is always a free submission entry for a continuation.  stop
+ * waits for in_flight to reach 0, then sends a NOP with no op: whoever
+ * reaps it sets `stopped`, on which the reaper leaves (progress no longer
+ * reaps once stopping is set, so the reaper is the one).
  */
 #include <config.h>
 
@@ -33,7 +38,9 @@ typedef struct uring {
     pthread_mutex_t lock;
     pthread_cond_t space;
     unsigned in_flight, depth;
-    int stopping;
+    atomic_int stopping;
+    pthread_mutex_t reap_lock;
+    int stopped;             /* reap_lock: the NOP of stop was reaped */
     pthread_t reaper;
 } uring_t;
 
@@ -94,11 +101,40 @@ static int complete(uring_t *u, ferry_file_op_t *op, int res)
     return 1;
 }
 
+/* Finish what the completion queue holds; caller holds reap_lock.
+ * Returns how many completions it took. */
+static unsigned reap_locked(uring_t *u)
+{
+    struct io_uring_cqe *cqe;
+    unsigned finished = 0, seen = 0, head;
+    io_uring_for_each_cqe(&u->ring, head, cqe)
+    {
+        ferry_file_op_t *op = io_uring_cqe_get_data(cqe);
+        int res = cqe->res;
+        seen++;
+        if (op == NULL) {
+            u->stopped = 1;
+            continue;
+        }
+        finished += (unsigned)complete(u, op, res);
+    }
+    io_uring_cq_advance(&u->ring, seen);
+    if (finished > 0) {
+        pthread_mutex_lock(&u->lock);
+        u->in_flight -= finished;
+        pthread_cond_broadcast(&u->space);
+        pthread_mutex_unlock(&u->lock);
+    }
+    return seen;
+}
+
 static void *reaper(void *arg)
 {
     uring_t *u = arg;
     for (int stop = 0; !stop;) {
         struct io_uring_cqe *cqe;
+        /* waits for the queue not to be empty; what is there is taken
+         * under reap_lock (a progressing thread may have been first) */
         int rc = io_uring_wait_cqe(&u->ring, &cqe);
         if (rc == -EINTR || rc == -EAGAIN)
             continue;
@@ -106,35 +142,30 @@ static void *reaper(void *arg)
             ferry_error("file: io_uring_wait_cqe: %s", strerror(-rc));
             break;
         }
-        unsigned finished = 0, seen = 0, head;
-        io_uring_for_each_cqe(&u->ring, head, cqe)
-        {
-            ferry_file_op_t *op = io_uring_cqe_get_data(cqe);
-            int res = cqe->res;
-            seen++;
-            if (op == NULL) {
-                stop = 1;
-                continue;
-            }
-            /* the entry is handed back before a continuation needs one */
-            finished += (unsigned)complete(u, op, res);
-        }
-        io_uring_cq_advance(&u->ring, seen);
-        if (finished > 0) {
-            pthread_mutex_lock(&u->lock);
-            u->in_flight -= finished;
-            pthread_cond_broadcast(&u->space);
-            pthread_mutex_unlock(&u->lock);
-        }
+        pthread_mutex_lock(&u->reap_lock);
+        reap_locked(u);
+        stop = u->stopped;
+        pthread_mutex_unlock(&u->reap_lock);
     }
     return NULL;
+}
+
+static unsigned uring_progress(void *engine)
+{
+    uring_t *u = engine;
+    if (atomic_load_explicit(&u->stopping, memory_order_relaxed) ||
+        io_uring_cq_ready(&u->ring) == 0 || pthread_mutex_trylock(&u->reap_lock) != 0)
+        return 0;
+    unsigned n = reap_locked(u);
+    pthread_mutex_unlock(&u->reap_lock);
+    return n;
 }
 
 static void uring_stop(void *engine)
 {
     uring_t *u = engine;
     pthread_mutex_lock(&u->lock);
-    u->stopping = 1;
+    atomic_store(&u->stopping, 1);
     while (u->in_flight > 0)
         pthread_cond_wait(&u->space, &u->lock);
     struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
@@ -146,6 +177,7 @@ static void uring_stop(void *engine)
     io_uring_queue_exit(&u->ring);
     pthread_cond_destroy(&u->space);
     pthread_mutex_destroy(&u->lock);
+    pthread_mutex_destroy(&u->reap_lock);
     free(u);
 }
 
@@ -168,12 +200,14 @@ static ferry_status_t uring_create(ferry_file_t *file, void **engine_p)
         return FERRY_ERR_UNSUPPORTED;
     }
     pthread_mutex_init(&u->lock, NULL);
+    pthread_mutex_init(&u->reap_lock, NULL);
     pthread_cond_init(&u->space, NULL);
     if (pthread_create(&u->reaper, NULL, reaper, u) != 0) {
         ferry_error("file: cannot start the io_uring reaper thread");
         io_uring_queue_exit(&u->ring);
         pthread_cond_destroy(&u->space);
         pthread_mutex_destroy(&u->lock);
+        pthread_mutex_destroy(&u->reap_lock);
         free(u);
         return FERRY_ERR_NO_RESOURCE;
     }
@@ -186,6 +220,7 @@ static const ferry_file_engine_ops_t uring_ops = {
     .create = uring_create,
     .start = uring_start,
     .stop = uring_stop,
+    .progress = uring_progress,
 };
 
 const ferry_file_engine_ops_t *const ferry_file_uring_ops = &uring_ops;
