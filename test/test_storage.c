@@ -240,9 +240,48 @@ Test(storage, out_of_range_refused)
     file_read(path, OFFSET + RANGE - 4096, check, sizeof(check));
     for (size_t i = 0; i < sizeof(check); i++)
         cr_assert_eq(check[i], 0);
-    /* tcp serves memory only: asked for a storage buffer it refuses */
-    cr_assert_eq(one_request_via(engine, FERRY_OP_READ, local, segment, addr, 4096, "tcp",
-                                 NULL), FERRY_ERR_UNSUPPORTED);
+    /* tcp's target checks the same bounds */
+    cr_assert_neq(one_request_via(engine, FERRY_OP_WRITE, local, segment, addr + RANGE - 4096,
+                                  8192, "tcp", NULL), FERRY_OK);
+    file_read(path, OFFSET + RANGE - 4096, check, sizeof(check));
+    for (size_t i = 0; i < sizeof(check); i++)
+        cr_assert_eq(check[i], 0);
+    ferry_segment_close(engine, segment);
+}
+
+/* The owner on "another host" (its own host identity): the file transport
+ * does not reach its file, tcp serves it, the owner doing the I/O. */
+Test(storage, other_host_served_by_tcp)
+{
+    start("uring");
+    make_file("/tmp");
+    static const char *const env[] = {"FERRY_HOST_ID=storage-owner-host", NULL};
+    uintptr_t addr = 0;
+    cr_assert_eq(peer_start(&peer, env), 0);
+    peer_running = 1;
+    const char *reply = peer_cmd(&peer, "sreg %zu %zu 0 %s rw", OFFSET, RANGE, path);
+    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    unsigned char *check = malloc(RANGE);
+    static const struct { size_t at, length; } cases[] = {{0, RANGE}, {1, 4095}, {RANGE - 3, 3},
+                                                          {77777, 3 * MIB}};
+    for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        test_pattern_fill(local + 5, cases[i].length, 200 + i);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local + 5, segment,
+                                           addr + cases[i].at, cases[i].length, "tcp"),
+                     FERRY_OK, "case %u", i);
+        file_read(path, OFFSET + cases[i].at, check, cases[i].length);
+        cr_assert_eq(test_pattern_check(check, cases[i].length, 200 + i), SIZE_MAX);
+        memset(local + RANGE, 0, cases[i].length);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + RANGE, segment,
+                                           addr + cases[i].at, cases[i].length, "tcp"),
+                     FERRY_OK, "case %u", i);
+        cr_assert_eq(test_pattern_check(local + RANGE, cases[i].length, 200 + i), SIZE_MAX);
+    }
+    cr_assert_neq(one_request(engine, FERRY_OP_READ, local, segment, addr + RANGE - 1, 2, NULL),
+                  FERRY_OK);
+    free(check);
     ferry_segment_close(engine, segment);
 }
 

@@ -203,7 +203,9 @@ typedef struct ferry_transport_services {
     void (*notify_deliver)(void *engine, const char *from, const void *msg, size_t length);
     /* Target side, for a range access_acquire granted: whether it is
      * device memory, which the transport must not touch with the CPU (nor
-     * hand to a system call) but move with stage_in and stage_out. */
+     * hand to a system call) but move with stage_in and stage_out.  A
+     * storage buffer (FERRY_ACCESS_STORAGE) answers 1 too: stage_in and
+     * stage_out then write and read its file. */
     int (*access_is_device)(void *engine, void *token);
     /* Device memory: fill length bytes at dst from what fill writes into
      * page-locked host buffers (a socket's payload), each buffer copied to
@@ -368,6 +370,12 @@ enum {
      * engine's storage key (src/core/storage_key.c), which says where the
      * storage lives and how a peer recognises it. */
     FERRY_TRANSPORT_STORAGE = 1u << 6,
+    /* transports: the target side serves storage buffers for peers that
+     * cannot reach the storage themselves: it passes FERRY_ACCESS_STORAGE
+     * to access_acquire and moves a range for which access_is_device says
+     * 1 with stage_in and stage_out, which do the file's I/O.  A storage
+     * buffer is registered with it too (mem_register, location "file"). */
+    FERRY_TRANSPORT_SERVES_STORAGE = 1u << 7,
 };
 
 /* ---- metadata stores ---- */

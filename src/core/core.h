@@ -785,6 +785,19 @@ void ferry_storage_close(ferry_storage_t *storage);
  * (inside it: the caller checked), by the owner's descriptor. */
 ferry_status_t ferry_storage_copy(const ferry_storage_t *storage, ferry_opcode_t opcode,
                                   uint64_t addr, void *local, size_t length);
+/* A transport's target serving a peer (the services stage_in and
+ * stage_out): [addr, +length) of the storage filled from fill's buffers,
+ * or read into buffers that drain takes, a bounce buffer at a time. */
+ferry_status_t ferry_storage_stage_in(const ferry_storage_t *storage, uint64_t addr,
+                                      size_t length,
+                                      ferry_status_t (*fill)(void *arg, void *buffer,
+                                                             size_t length),
+                                      void *arg);
+ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t addr,
+                                       size_t length,
+                                       ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                               size_t length),
+                                       void *arg);
 /* Every byte of a pread (write 0) or pwrite (write 1) at offset, short
  * transfers continued, EINTR retried; FERRY_ERR_IO (logged) when the file
  * ends first or the call fails.  rw_flags: pwritev2's (RWF_DSYNC). */

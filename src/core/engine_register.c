@@ -49,7 +49,17 @@ static void transports_deregister(ferry_engine_t *engine, ferry_reg_entry_t *ent
 static ferry_status_t storage_register(ferry_engine_t *engine, ferry_reg_entry_t *entry)
 {
     for (size_t i = 0; i < engine->n_transports; i++) {
-        if (!(engine->transports[i].plugin->flags & FERRY_TRANSPORT_STORAGE))
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (tp->plugin->flags & FERRY_TRANSPORT_SERVES_STORAGE) {
+            /* its target does the file's I/O for peers (stage_in, stage_out) */
+            ferry_status_t status = tp->ops->mem_register(tp->ctx, (void *)entry->addr,
+                                                          entry->length, entry->location,
+                                                          &entry->keys[i], &entry->memh[i]);
+            if (status != FERRY_OK && status != FERRY_ERR_UNSUPPORTED)
+                return status;
+            continue;
+        }
+        if (!(tp->plugin->flags & FERRY_TRANSPORT_STORAGE))
             continue;
         entry->keys[i] = strdup(entry->storage->key_text);
         if (entry->keys[i] == NULL)

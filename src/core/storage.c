@@ -303,3 +303,49 @@ int ferry_storage_wwid_find(const char *sysfs_root, const char *dev_root, const 
     closedir(dir);
     return found;
 }
+
+/* The bounce buffer of a served request: a socket's worth per step, and
+ * one allocation per request at most. */
+#define STAGE_CHUNK ((size_t)1 << 20)
+
+ferry_status_t ferry_storage_stage_in(const ferry_storage_t *storage, uint64_t addr,
+                                      size_t length,
+                                      ferry_status_t (*fill)(void *arg, void *buffer,
+                                                             size_t length),
+                                      void *arg)
+{
+    char *buffer = malloc(FERRY_MIN(length, STAGE_CHUNK));
+    if (buffer == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = FERRY_OK;
+    for (size_t done = 0; status == FERRY_OK && done < length;) {
+        size_t n = FERRY_MIN(length - done, STAGE_CHUNK);
+        status = fill(arg, buffer, n);
+        if (status == FERRY_OK)
+            status = ferry_storage_copy(storage, FERRY_OP_WRITE, addr + done, buffer, n);
+        done += n;
+    }
+    free(buffer);
+    return status;
+}
+
+ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t addr,
+                                       size_t length,
+                                       ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                               size_t length),
+                                       void *arg)
+{
+    char *buffer = malloc(FERRY_MIN(length, STAGE_CHUNK));
+    if (buffer == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    ferry_status_t status = FERRY_OK;
+    for (size_t done = 0; status == FERRY_OK && done < length;) {
+        size_t n = FERRY_MIN(length - done, STAGE_CHUNK);
+        status = ferry_storage_copy(storage, FERRY_OP_READ, addr + done, buffer, n);
+        if (status == FERRY_OK)
+            status = drain(arg, buffer, n);
+        done += n;
+    }
+    free(buffer);
+    return status;
+}
