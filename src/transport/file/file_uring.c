@@ -39,6 +39,11 @@ typedef struct uring {
     pthread_cond_t space;
     unsigned in_flight, depth;
     atomic_int stopping;
+    /* Counts ops handed to the kernel (release) and is read (acquire)
+     * before their completions are taken: the order the kernel gives
+     * between a submit and its completion, made visible to
+     * ThreadSanitizer, which does not see through the rings. */
+    atomic_uint_fast64_t submitted;
     pthread_mutex_t reap_lock;
     int stopped;             /* reap_lock: the NOP of stop was reaped */
     pthread_t reaper;
@@ -81,6 +86,7 @@ static void uring_start(void *engine, ferry_file_op_t *ops)
         }
         u->in_flight++;
         prepare(u, op);
+        atomic_fetch_add_explicit(&u->submitted, 1, memory_order_release);
     }
     submit_locked(u);
     pthread_mutex_unlock(&u->lock);
@@ -101,19 +107,35 @@ static int complete(uring_t *u, ferry_file_op_t *op, int res)
     return 1;
 }
 
+/* stop's NOP, reaped by a progressing thread that got in before stopping
+ * showed: another one, so that the reaper (waiting in the kernel) sees one. */
+static void stop_again(uring_t *u)
+{
+    pthread_mutex_lock(&u->lock);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, NULL);
+    submit_locked(u);
+    pthread_mutex_unlock(&u->lock);
+}
+
 /* Finish what the completion queue holds; caller holds reap_lock.
  * Returns how many completions it took. */
-static unsigned reap_locked(uring_t *u)
+static unsigned reap_locked(uring_t *u, int is_reaper)
 {
     struct io_uring_cqe *cqe;
     unsigned finished = 0, seen = 0, head;
+    (void)atomic_load_explicit(&u->submitted, memory_order_acquire);
     io_uring_for_each_cqe(&u->ring, head, cqe)
     {
         ferry_file_op_t *op = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         seen++;
         if (op == NULL) {
-            u->stopped = 1;
+            if (is_reaper)
+                u->stopped = 1;
+            else
+                stop_again(u);
             continue;
         }
         finished += (unsigned)complete(u, op, res);
@@ -132,18 +154,20 @@ static void *reaper(void *arg)
 {
     uring_t *u = arg;
     for (int stop = 0; !stop;) {
-        struct io_uring_cqe *cqe;
-        /* waits for the queue not to be empty; what is there is taken
-         * under reap_lock (a progressing thread may have been first) */
-        int rc = io_uring_wait_cqe(&u->ring, &cqe);
-        if (rc == -EINTR || rc == -EAGAIN)
-            continue;
-        if (rc < 0) {
-            ferry_error("file: io_uring_wait_cqe: %s", strerror(-rc));
+        /* The kernel wakes us when the queue is not empty; what is there
+         * is taken under reap_lock (a progressing thread may have been
+         * first).  Not io_uring_wait_cqe: it reads the queue's head
+         * without the lock. */
+        int rc = io_uring_enter(u->ring.ring_fd, 0, 1, IORING_ENTER_GETEVENTS, NULL);
+        /* liburing returns -errno where it makes the system call itself,
+         * else -1 and errno */
+        int err = rc == -1 ? errno : -rc;
+        if (rc < 0 && err != EINTR && err != EAGAIN && err != EBUSY) {
+            ferry_error("file: io_uring_enter: %s", strerror(err));
             break;
         }
         pthread_mutex_lock(&u->reap_lock);
-        reap_locked(u);
+        reap_locked(u, 1);
         stop = u->stopped;
         pthread_mutex_unlock(&u->reap_lock);
     }
@@ -153,10 +177,11 @@ static void *reaper(void *arg)
 static unsigned uring_progress(void *engine)
 {
     uring_t *u = engine;
+    /* the queue's head is the reaper's too: looked at under reap_lock */
     if (atomic_load_explicit(&u->stopping, memory_order_relaxed) ||
-        io_uring_cq_ready(&u->ring) == 0 || pthread_mutex_trylock(&u->reap_lock) != 0)
+        pthread_mutex_trylock(&u->reap_lock) != 0)
         return 0;
-    unsigned n = reap_locked(u);
+    unsigned n = io_uring_cq_ready(&u->ring) > 0 ? reap_locked(u, 0) : 0;
     pthread_mutex_unlock(&u->reap_lock);
     return n;
 }
