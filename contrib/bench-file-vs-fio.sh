@@ -2,7 +2,10 @@
 # Compare the file transport (ferry_bench --remote-memory=file:PATH, a target
 # process owning the file, this process doing the I/O) with fio on the same
 # file, engine, block size, queue depth and direct flag, runs interleaved.
-# Prints each run, then the medians of $RUNS runs and ferry / fio.
+# Prints each run, then the medians of $RUNS runs and ferry / fio.  Then
+# (TCP=1, the default) tcp serving a storage buffer (a page-cache file on
+# /dev/shm, the target doing the I/O) against tcp serving memory, 1 MiB
+# reads, interleaved the same way.
 # Usage: contrib/bench-file-vs-fio.sh [BUILD_DIR]
 #   FILE (default /tmp/ferry-bench-fio.dat), SIZE (default 256m: the file and
 #   the range both use), RUNS (3), SECONDS_PER_RUN (5).  fio runs with
@@ -75,3 +78,24 @@ echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random j
     printf '%-22s ferry %12s   fio %12s %s   ferry/fio %s\n' "$label" "$f" "$g" "$unit" \
         "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')"
 done
+
+[ "${TCP:-1}" = 1 ] || exit 0
+shm_file=/dev/shm/ferry-bench-tcp-storage.dat
+tcp_run() { # remote memory
+    FERRY_TRANSPORTS=tcp "$bench" --spawn --transport=tcp --remote-memory="$1" \
+        --buffer-size=64m --operation=read --block-size=1m --batch-size=32 \
+        --duration="$seconds" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
+}
+for run in $(seq "$runs"); do
+    m=$(tcp_run ferry)
+    s=$(tcp_run "file:$shm_file")
+    echo "$m" >>"$tmp/tcp.memory"
+    echo "$s" >>"$tmp/tcp.storage"
+    printf 'run %s tcp 1m read: memory %s GB/s, storage %s GB/s   load %s\n' "$run" "$m" "$s" \
+        "$(cut -d' ' -f1 /proc/loadavg)"
+done
+rm -f "$shm_file"
+m=$(median <"$tmp/tcp.memory")
+s=$(median <"$tmp/tcp.storage")
+printf 'tcp 1m read (medians): memory %s GB/s, storage %s GB/s, storage/memory %s\n' "$m" "$s" \
+    "$(awk -v s="$s" -v m="$m" 'BEGIN {printf "%.2f", s / m}')"

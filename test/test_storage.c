@@ -328,8 +328,12 @@ Test(storage, own_segment_copies)
     /* the length ran to the end of the file: one byte more is refused */
     cr_assert_neq(one_request(engine, FERRY_OP_READ, local, self, (uintptr_t)addr + 1,
                               FILE_SIZE - MIB, NULL), FERRY_OK);
-    /* the reserved addresses are no memory: registering over them overlaps */
+    /* the reserved addresses are no memory: registering over them overlaps,
+     * and memory cannot pass for storage */
     cr_assert_eq(ferry_register(engine, addr, 4096, "cpu", 0), FERRY_ERR_OVERLAP);
+    cr_assert_eq(ferry_register(engine, addr, FILE_SIZE - MIB, "file", 0),
+                 FERRY_ERR_INVALID_PARAM);
+    cr_assert_eq(ferry_register(engine, local, 4096, "file", 0), FERRY_ERR_INVALID_PARAM);
     ferry_segment_close(engine, self);
     cr_assert_eq(ferry_unregister(engine, addr), FERRY_OK);
     cr_assert_eq(ferry_unregister(engine, addr), FERRY_ERR_NOT_REGISTERED);

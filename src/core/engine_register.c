@@ -129,6 +129,12 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
                     location, strlen(location) > 64 ? "..." : "", FERRY_LOCATION_MAX);
         return FERRY_ERR_INVALID_PARAM;
     }
+    if (ferry_location_is_kind(location, FERRY_STORAGE_LOCATION)) {
+        ferry_error("register [%p, +%zu): location \"%s\" is storage's; register a file or "
+                    "block device with ferry_register_storage", region->addr, region->length,
+                    location);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     char resolved[FERRY_LOCATION_MAX + 1];
     const ferry_accel_ops_t *accel;
     ferry_status_t status = ferry_engine_location_resolve(engine, region->addr, region->length,
