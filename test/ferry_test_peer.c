@@ -230,6 +230,23 @@ int main(int argc, char **argv)
             unsigned flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
                              (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0);
             status = ferry_register(engine, (void *)(uintptr_t)a, (size_t)b, "*", flags);
+        } else if (strcmp(cmd, "sreg") == 0 && n == 4) {
+            /* sreg OFFSET LENGTH OPTIONS PATH [r|w|rw]: a storage buffer */
+            char path[300] = "";
+            sscanf(line, "%*s %*s %*s %*s %299s %7s", path, mode);
+            ferry_storage_region_t region = {
+                .field_mask = FERRY_STORAGE_FIELD_OFFSET | FERRY_STORAGE_FIELD_LENGTH |
+                              FERRY_STORAGE_FIELD_OPTIONS | FERRY_STORAGE_FIELD_FLAGS,
+                .path = path, .offset = a, .length = b, .options = (unsigned)c,
+                .flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
+                         (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0)};
+            void *addr = NULL;
+            status = ferry_register_storage(engine, &region, &addr);
+            if (status == FERRY_OK) {
+                printf("SREG %" PRIxPTR "\n", (uintptr_t)addr);
+                fflush(stdout);
+                continue;
+            }
         } else if (strcmp(cmd, "aunreg") == 0) {
             status = ferry_unregister(engine, (void *)(uintptr_t)a);
         } else if (strcmp(cmd, "free") == 0) {

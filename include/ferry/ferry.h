@@ -231,6 +231,55 @@ enum {
 FERRY_API void ferry_info_print(FILE *out, unsigned what);
 FERRY_API const char *ferry_version_string(void);
 
+/*
+ * Storage buffers: a range of a file or block device that peers READ and
+ * WRITE like memory (doc/storage.md).  ferry_register_storage reserves an
+ * address range of this process (never memory: PROT_NONE, so it cannot
+ * collide with a memory registration), registers it at location "file" and
+ * returns its start in *addr_p: requests use it as target_offset, as for
+ * memory.  ferry_unregister(engine, *addr_p) releases it: it waits for the
+ * I/O on that range in flight here and, as for memory, for the peers that
+ * do I/O on it themselves (the file transport) to drain and acknowledge.
+ * Set a bit in field_mask for each optional field you fill.
+ */
+enum {
+    FERRY_STORAGE_FIELD_OFFSET = 1u << 0,  /* default 0 */
+    FERRY_STORAGE_FIELD_LENGTH = 1u << 1,  /* default: from offset to the end */
+    FERRY_STORAGE_FIELD_FLAGS = 1u << 2,   /* default FERRY_REG_REMOTE */
+    FERRY_STORAGE_FIELD_OPTIONS = 1u << 3, /* default 0 */
+};
+
+/* ferry_storage_region_t.options */
+enum {
+    /* Never O_DIRECT: every I/O goes through the page cache (a file that
+     * is read again and again).  Refused with FERRY_STORAGE_SHARED. */
+    FERRY_STORAGE_BUFFERED = 1u << 0,
+    /* O_DIRECT only: an I/O whose file offset, length or local buffer is
+     * not aligned to the storage's direct-I/O alignment FAILS
+     * (FERRY_ERR_INVALID_PARAM) instead of going through the page cache. */
+    FERRY_STORAGE_DIRECT = 1u << 1,
+    /* A WRITE completes only once its data is on stable storage
+     * (RWF_DSYNC / O_DSYNC), not when it is in the page cache. */
+    FERRY_STORAGE_DURABLE = 1u << 2,
+    /* Other hosts attach this storage too (NVMe-oF): no page cache on any
+     * host, so an unaligned I/O FAILS as with FERRY_STORAGE_DIRECT.  Implied
+     * for a block device that has a WWID. */
+    FERRY_STORAGE_SHARED = 1u << 3,
+};
+
+typedef struct ferry_storage_region {
+    uint64_t field_mask;
+    const char *path;  /* a regular file or a block device; required */
+    uint64_t offset;   /* of the range in the file */
+    uint64_t length;   /* the range must lie inside the file's current size */
+    unsigned flags;    /* FERRY_REG_REMOTE_READ / _WRITE / FERRY_REG_DEFER_PUBLISH */
+    unsigned options;  /* FERRY_STORAGE_* */
+} ferry_storage_region_t;
+
+FERRY_API ferry_status_t ferry_register_storage(ferry_engine_h engine,
+                                                const ferry_storage_region_t *region,
+                                                void **addr_p);
+
 #ifdef __cplusplus
 }
 #endif

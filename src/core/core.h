@@ -57,6 +57,9 @@ typedef struct ferry_reg_entry {
      * subtree's height. */
     struct ferry_reg_entry *tree_child[2];
     int tree_height;
+    /* A storage buffer (ferry_register_storage): its file, freed with the
+     * entry; NULL for memory. */
+    struct ferry_storage *storage;
 } ferry_reg_entry_t;
 #define FERRY_ALLOC_HEAP (-1)
 #define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
@@ -718,5 +721,96 @@ const ferry_plugin_t *ferry_tcp_plugin(void);
 const ferry_plugin_t *ferry_shm_plugin(void);
 const ferry_plugin_t *ferry_cxl_plugin(void);
 const ferry_plugin_t *ferry_p2p_plugin(void);
+const ferry_plugin_t *ferry_file_plugin(void);
+
+/* ---------------- storage.c, storage_key.c: storage buffers ---------------- */
+
+#define FERRY_STORAGE_LOCATION "file"
+#define FERRY_STORAGE_TRANSPORT "file" /* the transport whose keys are storage keys */
+#define FERRY_STORAGE_PATH_MAX 4096
+#define FERRY_STORAGE_HOST_MAX 128
+#define FERRY_STORAGE_WWID_MAX 256
+#define FERRY_STORAGE_ALIGN_MAX ((uint64_t)1 << 20)
+#define FERRY_STORAGE_KEY_MAX (3 * (FERRY_STORAGE_PATH_MAX + FERRY_STORAGE_HOST_MAX + \
+                                    FERRY_STORAGE_WWID_MAX) + 256)
+
+typedef enum ferry_storage_kind {
+    FERRY_STORAGE_KIND_FILE = 0,
+    FERRY_STORAGE_KIND_BLOCK = 1,
+} ferry_storage_kind_t;
+
+/* What a storage key says (storage_key.c describes its text). */
+typedef struct ferry_storage_key {
+    uint64_t addr, length;  /* the buffer */
+    uint64_t offset;        /* of addr in the file */
+    uint32_t align;         /* direct I/O: offsets, lengths and memory aligned to it */
+    unsigned options;       /* FERRY_STORAGE_* */
+    ferry_storage_kind_t kind;
+    char host[FERRY_STORAGE_HOST_MAX + 1];
+    uint64_t dev, ino;      /* st_dev, st_ino; a block device: st_rdev, 0 */
+    char wwid[FERRY_STORAGE_WWID_MAX + 1]; /* "" when none */
+    char path[FERRY_STORAGE_PATH_MAX + 1];
+} ferry_storage_key_t;
+
+/* The canonical text (malloc-ed), NULL when out of memory. */
+char *ferry_storage_key_format(const ferry_storage_key_t *key);
+/* Strict; FERRY_ERR_DECODE with *why_p saying what is wrong (not logged). */
+ferry_status_t ferry_storage_key_parse(const char *text, ferry_storage_key_t *key,
+                                       const char **why_p);
+/* A decoder's check of one buffer's storage key against the buffer and
+ * the descriptor's host; logs once. */
+ferry_status_t ferry_storage_key_check(const ferry_descriptor_t *desc,
+                                       const ferry_desc_buffer_t *buffer, const char *text);
+/* Every storage key of buffers [first, first + count). */
+ferry_status_t ferry_storage_keys_check(const ferry_descriptor_t *desc, size_t first,
+                                        size_t count);
+
+/* A registered storage range, owned by its registry entry (entry->storage):
+ * made by ferry_storage_open, freed with the entry.  Immutable after open. */
+typedef struct ferry_storage {
+    ferry_storage_key_t key;
+    char *key_text;
+    int fd;                 /* the owner's, for copies to its own segment */
+    void *reserved;         /* the PROT_NONE address range */
+    size_t reserved_length;
+} ferry_storage_t;
+
+/* Open and check the region, reserve its addresses, make its key (host:
+ * this engine's host identity; sysfs_root: where WWIDs are read). */
+ferry_status_t ferry_storage_open(const ferry_storage_region_t *region, unsigned flags,
+                                  const char *host, const char *sysfs_root,
+                                  ferry_storage_t **storage_p);
+void ferry_storage_close(ferry_storage_t *storage);
+/* A copy between local memory and [addr, addr + length) of the storage
+ * (inside it: the caller checked), by the owner's descriptor. */
+ferry_status_t ferry_storage_copy(const ferry_storage_t *storage, ferry_opcode_t opcode,
+                                  uint64_t addr, void *local, size_t length);
+/* A transport's target serving a peer (the services stage_in and
+ * stage_out): [addr, +length) of the storage filled from fill's buffers,
+ * or read into buffers that drain takes, a bounce buffer at a time. */
+ferry_status_t ferry_storage_stage_in(const ferry_storage_t *storage, uint64_t addr,
+                                      size_t length,
+                                      ferry_status_t (*fill)(void *arg, void *buffer,
+                                                             size_t length),
+                                      void *arg);
+ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t addr,
+                                       size_t length,
+                                       ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                               size_t length),
+                                       void *arg);
+/* Every byte of a pread (write 0) or pwrite (write 1) at offset, short
+ * transfers continued, EINTR retried; FERRY_ERR_IO (logged) when the file
+ * ends first or the call fails.  rw_flags: pwritev2's (RWF_DSYNC). */
+ferry_status_t ferry_storage_full_io(int fd, int write, void *buffer, size_t length,
+                                     uint64_t offset, int rw_flags);
+/* The WWID of the block device rdev from <sysfs_root>/dev/block/M:m/wwid
+ * (out[size], "" when there is none). */
+void ferry_storage_wwid_of(const char *sysfs_root, uint64_t rdev, char *out, size_t size);
+/* The path of the block device with that WWID on this host: first the
+ * mapping "WWID=PATH[;WWID=PATH...]" (NVMe-oF attachments under other
+ * names), then <sysfs_root>/block/NAME/wwid, as <dev_root>/NAME.  0 when
+ * none. */
+int ferry_storage_wwid_find(const char *sysfs_root, const char *dev_root, const char *map,
+                            const char *wwid, char *path, size_t size);
 
 #endif

@@ -23,11 +23,21 @@ typedef struct ferry_bench_options {
     int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
     int baseline;       /* --memcpy-baseline */
     unsigned window;    /* --window: batches kept in flight by each thread */
+    int random;         /* --random: blocks at random offsets of the buffer */
     /* --memory (both), --local-memory (the initiator's buffers),
      * --remote-memory (the target's): ferry_bench_memory.c */
     const char *local_memory;
     const char *remote_memory;
 } ferry_bench_options_t;
+
+/* --random's generator (xorshift64*): cheap, and the same sequence each run. */
+static inline uint64_t ferry_bench_random(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return *state * 0x2545f4914f6cdd1dull;
+}
 
 /* 0, or -1 after a message on stderr (--help prints usage and exits). */
 int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o);
@@ -74,6 +84,8 @@ int ferry_bench_memory_valid(const char *memory);
 const char *ferry_bench_memory_location(const char *memory);
 /* Whether it is device memory, which the CPU must never touch. */
 int ferry_bench_memory_is_device(const char *memory);
+/* Whether it is a storage buffer ("file:PATH"): a target's buffer only. */
+int ferry_bench_memory_is_storage(const char *memory);
 unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *memory, size_t size);
 void ferry_bench_buffer_release(ferry_engine_h engine, const char *memory, unsigned char *buffer);
 
