@@ -147,6 +147,34 @@ FERRY_API ferry_status_t ferry_segment_refresh(ferry_engine_h engine, const char
 FERRY_API ferry_status_t ferry_segment_describe(ferry_engine_h engine, ferry_segment_h segment,
                                       char **json_p);
 
+/*
+ * Ask whether the engine that owns an opened segment is alive: one request
+ * and reply to the RPC endpoint in the descriptor this engine holds, no
+ * data moved, nothing fetched.  Returns
+ *   FERRY_OK                 its engine answered, the same incarnation we hold
+ *                            (also at once for this engine's own segment);
+ *   FERRY_ERR_TIMEOUT        no answer within timeout_ms: frozen, overloaded,
+ *                            or the network drops packets;
+ *   FERRY_ERR_PEER_FAILED    the connection was refused or reset: nobody
+ *                            listens there any more (killed, exited);
+ *   FERRY_ERR_STALE          another incarnation answers (the owner restarted
+ *                            under the same name and address: a new generation,
+ *                            or it is still starting).  The segment is marked
+ *                            stale: its next request fetches the new descriptor;
+ *   FERRY_ERR_INVALID_HANDLE a bad engine or segment handle;
+ *   another error            FERRY_ERR_PROTOCOL for a garbled answer,
+ *                            FERRY_ERR_UNSUPPORTED when the descriptor names no
+ *                            RPC endpoint.
+ * timeout_ms <= 0 means FERRY_RPC_TIMEOUT.  Bounded: each step of the
+ * exchange (connect, reply) waits at most timeout_ms, so a peer that
+ * accepts but never answers (SIGSTOP) returns TIMEOUT after about
+ * timeout_ms, a dead one at once, and no probe takes more than a small
+ * multiple (3x) of timeout_ms.  Safe from any thread, alongside transfers
+ * to the same segment; it takes no lock that transfers wait for.
+ */
+FERRY_API ferry_status_t ferry_segment_probe(ferry_engine_h engine, ferry_segment_h segment,
+                                             int timeout_ms);
+
 typedef enum ferry_opcode {
     FERRY_OP_READ = 0,  /* remote -> local */
     FERRY_OP_WRITE = 1, /* local -> remote */

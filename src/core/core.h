@@ -408,6 +408,10 @@ void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned cop
 ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
 /* Before the segment is freed: every copy ended. */
 void ferry_segment_copiers_wait_all(ferry_segment_t *segment);
+/* The engine and the open segment behind two public handles, or
+ * FERRY_ERR_INVALID_HANDLE. */
+ferry_status_t ferry_segment_resolve(ferry_engine_h engine_handle, ferry_segment_h segment_handle,
+                                     ferry_engine_t **engine_p, ferry_segment_t **segment_p);
 /* ferry_metadata_services_t.segment_changed */
 void ferry_segment_cache_changed(void *engine, const char *name);
 

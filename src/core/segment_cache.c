@@ -605,13 +605,25 @@ static ferry_segment_t *segment_lookup(ferry_engine_t *engine, ferry_segment_h h
     return ferry_handle_lookup((uint64_t)(uintptr_t)handle, FERRY_HANDLE_SEGMENT, engine);
 }
 
-ferry_status_t ferry_segment_close(ferry_engine_h handle, ferry_segment_h segment_handle)
+ferry_status_t ferry_segment_resolve(ferry_engine_h engine_handle, ferry_segment_h segment_handle,
+                                     ferry_engine_t **engine_p, ferry_segment_t **segment_p)
 {
-    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    ferry_engine_t *engine = ferry_engine_lookup(engine_handle);
     if (engine == NULL)
         return FERRY_ERR_INVALID_HANDLE;
     ferry_segment_t *segment = segment_lookup(engine, segment_handle);
     if (segment == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    *engine_p = engine;
+    *segment_p = segment;
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_segment_close(ferry_engine_h handle, ferry_segment_h segment_handle)
+{
+    ferry_engine_t *engine;
+    ferry_segment_t *segment;
+    if (ferry_segment_resolve(handle, segment_handle, &engine, &segment) != FERRY_OK)
         return FERRY_ERR_INVALID_HANDLE;
     ferry_segment_cache_close(engine, segment);
     return FERRY_OK;
@@ -628,11 +640,9 @@ ferry_status_t ferry_segment_refresh(ferry_engine_h handle, const char *name)
 ferry_status_t ferry_segment_describe(ferry_engine_h handle, ferry_segment_h segment_handle,
                                       char **json_p)
 {
-    ferry_engine_t *engine = ferry_engine_lookup(handle);
-    if (engine == NULL)
-        return FERRY_ERR_INVALID_HANDLE;
-    ferry_segment_t *segment = segment_lookup(engine, segment_handle);
-    if (segment == NULL)
+    ferry_engine_t *engine;
+    ferry_segment_t *segment;
+    if (ferry_segment_resolve(handle, segment_handle, &engine, &segment) != FERRY_OK)
         return FERRY_ERR_INVALID_HANDLE;
     if (json_p == NULL)
         return FERRY_ERR_INVALID_PARAM;
