@@ -42,7 +42,8 @@ libs() {
     pkg-config --libs "$1" 2>/dev/null || echo "$2"
 }
 
-descriptor_sources="src/core/descriptor.c src/core/descriptor_compact.c src/core/descriptor_pool.c"
+descriptor_sources="src/core/descriptor.c src/core/descriptor_compact.c src/core/descriptor_pool.c \
+    src/core/descriptor_blob.c"
 # harness -> the sources it needs (besides test/fuzz/fuzz_NAME.c and
 # fuzz_common.c) and the libraries to link
 sources() {

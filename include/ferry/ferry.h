@@ -175,6 +175,52 @@ FERRY_API ferry_status_t ferry_segment_describe(ferry_engine_h engine, ferry_seg
 FERRY_API ferry_status_t ferry_segment_probe(ferry_engine_h engine, ferry_segment_h segment,
                                              int timeout_ms);
 
+/*
+ * Segment blobs, for applications that exchange metadata themselves (a
+ * router, a launcher, their own sockets) instead of through a metadata
+ * store.
+ *
+ * ferry_engine_export_blob copies this engine's segment descriptor, as a
+ * peer fetching it now would get it, into blob as bytes: a 16-byte header
+ * (magic "FERRYB", version 1, length, checksum) and the compact descriptor
+ * text, which carries the segment name, the engine's generation and
+ * revision, its host identity, RPC endpoint, transports and registered
+ * buffers (addresses, lengths, access, location, transport keys: no data,
+ * no secrets beyond what a metadata store holds).  The bytes are opaque to
+ * the caller and not NUL-terminated.  *length_p always gets the blob's
+ * size; blob NULL (capacity 0) only asks for it; a capacity too small
+ * returns FERRY_ERR_OUT_OF_RANGE and writes nothing.  The size changes as
+ * buffers are registered: ask again, or give room to spare.
+ *
+ * ferry_segment_open_blob opens the segment a blob describes without
+ * asking the metadata store; ferry_segment_close closes it.  A blob that
+ * was cut, padded, corrupted, of another version or not a blob at all
+ * returns FERRY_ERR_DECODE with one log line saying what is wrong; nothing
+ * is opened.  If a segment of that name is open already (by name or from
+ * an earlier blob), this takes one more open of it and the blob's contents
+ * are not used (ferry_segment_refresh updates it).
+ *
+ * Refresh: a blob is a snapshot.  A segment opened from one refreshes from
+ * its owner over RPC, never from the store: when a request falls outside
+ * the buffers it holds, or the owner invalidated them (it unregistered
+ * memory), or ferry_segment_refresh is called, the engine asks the owner at
+ * the blob's RPC endpoint for what changed.  So buffers the owner
+ * registers later become reachable without a new blob, and buffers it
+ * unregistered are refused (FERRY_ERR_OUT_OF_RANGE at submit, or a failed
+ * request).  An owner that restarted at the same RPC address under the same
+ * name is followed to its new generation (as ferry_segment_open's are);
+ * one that is gone, or moved, cannot be reached: requests fail
+ * (FERRY_ERR_PEER_FAILED, FERRY_ERR_CONNECT) until the application opens a
+ * new blob.  Bounds are checked as for any segment: the owner's transport
+ * refuses what is outside its registered, remote-accessible buffers,
+ * whatever the blob claims, and a one-sided transport uses a blob's
+ * descriptor only after its owner confirmed it over RPC.
+ */
+FERRY_API ferry_status_t ferry_engine_export_blob(ferry_engine_h engine, void *blob,
+                                                  size_t capacity, size_t *length_p);
+FERRY_API ferry_status_t ferry_segment_open_blob(ferry_engine_h engine, const void *blob,
+                                                 size_t length, ferry_segment_h *segment_p);
+
 typedef enum ferry_opcode {
     FERRY_OP_READ = 0,  /* remote -> local */
     FERRY_OP_WRITE = 1, /* local -> remote */

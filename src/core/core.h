@@ -291,6 +291,19 @@ char *ferry_desc_compact_put_buffer(const ferry_descriptor_t *desc,
 char *ferry_desc_compact_put_hex(char *out, uint64_t value);
 char *ferry_desc_compact_put_word(char *out, const char *word);
 
+/* descriptor_blob.c: a descriptor as the bytes an application carries
+ * itself (its header describes them): a 16-byte header, then the compact
+ * form.  decode is strict (FERRY_ERR_DECODE, logged once) and takes only
+ * what encode writes. */
+#define FERRY_DESC_BLOB_HEADER 16
+ferry_status_t ferry_descriptor_blob_encode(const ferry_descriptor_t *desc, uint8_t **blob_p,
+                                            size_t *length_p);
+/* The same from a descriptor's compact text (malloc-ed blob). */
+ferry_status_t ferry_descriptor_blob_wrap(const char *text, size_t length, uint8_t **blob_p,
+                                          size_t *length_p);
+ferry_status_t ferry_descriptor_blob_decode(const void *blob, size_t length,
+                                            ferry_descriptor_t **desc_p);
+
 /* descriptor_changes.c: what changed between two revisions of one
  * generation of a descriptor (incremental refresh).  A change set lists,
  * per revision step, the buffers removed (by address) and added (whole),
@@ -347,6 +360,9 @@ typedef struct ferry_segment {
     int fetching;
     ferry_status_t fetch_status;
     int stale;               /* invalidated by its owner: refresh before use */
+    /* Opened from a blob (ferry_segment_open_blob), set with the first
+     * desc under lock: refreshes ask its owner over RPC, never the store. */
+    int from_blob;
     /* Changes (under lock) with desc and stale, from a process-wide count,
      * so a (segment, version) pair names one descriptor for good; 0 for our
      * own segment, whose descriptor is not cached here. */
@@ -369,6 +385,11 @@ void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cac
 ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
                                         ferry_segment_t **segment_p);
 void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment);
+/* The segment of desc's name: one more open of the entry if there is one
+ * (desc unused), else a new entry holding desc (a reference taken), which
+ * refreshes from its owner over RPC only. */
+ferry_status_t ferry_segment_cache_open_desc(ferry_engine_t *engine, ferry_descriptor_t *desc,
+                                             ferry_segment_t **segment_p);
 /* The current descriptor (referenced), refreshing first if it was invalidated. */
 ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
                                         ferry_descriptor_t **desc_p);
