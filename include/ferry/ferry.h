@@ -293,6 +293,50 @@ FERRY_API ferry_status_t ferry_notify_send(ferry_engine_h engine, ferry_segment_
 FERRY_API ferry_status_t ferry_notify_recv(ferry_engine_h engine, ferry_notify_t *msgs, size_t max,
                                  size_t *count_p);
 
+/*
+ * Statistics of the requests this engine finished, per transport and per
+ * peer, counted since the engine started or the last ferry_stats_reset.
+ * A request counts once, when it finishes (COMPLETED or FAILED), under the
+ * transport that served it ("local" for copies to this engine's own
+ * segment) and the peer it went to (the name its segment was opened by).
+ * Its latency is from its ferry_batch_submit to the completion that
+ * finished it; requests finished by one completion share one clock reading.
+ * Counting costs a few relaxed atomic additions per completion call, not
+ * per request; FERRY_STATS=no turns it off (the snapshots then show zeros).
+ */
+#define FERRY_STATS_BUCKETS 40
+
+typedef enum ferry_stats_kind {
+    FERRY_STATS_BY_TRANSPORT = 0, /* one entry per enabled transport, "local" first */
+    FERRY_STATS_BY_PEER = 1,      /* one entry per segment ever opened, in order of opening */
+} ferry_stats_kind_t;
+
+typedef struct ferry_stats {
+    char name[256];     /* the transport's, or the peer segment's (truncated) */
+    uint64_t requests;  /* finished: completed + failed */
+    uint64_t failures;  /* of which failed */
+    uint64_t bytes;     /* moved by the completed ones */
+    /* latency[i]: requests that took [2^i, 2^(i+1)) ns; latency[0] also
+     * those under 1 ns, the last bucket everything longer. */
+    uint64_t latency[FERRY_STATS_BUCKETS];
+} ferry_stats_t;
+
+/*
+ * Fill stats[0 .. min(max, n)) with the n entries of that kind and set
+ * *count_p to n (stats may be NULL with max 0 to ask for n).  A snapshot
+ * is taken while requests finish: each counter is read once, so an entry
+ * may show a request in `requests` whose latency is not in yet.
+ */
+FERRY_API ferry_status_t ferry_stats_snapshot(ferry_engine_h engine, ferry_stats_kind_t kind,
+                                              ferry_stats_t *stats, size_t max, size_t *count_p);
+/* Zero every counter (the peers stay listed).  Requests finishing while it
+ * runs may be counted before or after, or in part. */
+FERRY_API ferry_status_t ferry_stats_reset(ferry_engine_h engine);
+/* The latency under which a fraction q (0..1) of the entry's requests
+ * finished: the upper edge of the bucket holding that one, in ns; 0 when
+ * it counted none. */
+FERRY_API uint64_t ferry_stats_latency_ns(const ferry_stats_t *stats, double q);
+
 /* What ferry_info prints. */
 enum {
     FERRY_INFO_VERSION = 1u << 0,

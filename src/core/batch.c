@@ -65,6 +65,11 @@ typedef struct request_run {
      * staging buffer (the request's staged). */
     const ferry_accel_ops_t *local_accel;
     ferry_peer_t peer;                 /* the transport's view of the target */
+    /* Statistics (stats.c): where its finished requests count (the
+     * segment's peer entry, the engine's: it outlives the run; NULL: not
+     * counted) and when its submit began. */
+    ferry_peer_stats_t *stats;
+    uint64_t submit_ns;
 } request_run_t;
 
 typedef struct request_state {
@@ -125,6 +130,7 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
+    uint64_t submit_ns; /* submit_lock: the current submit's start, for its runs */
     /* The local registry entry of the last request resolved, unreferenced:
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */
@@ -169,6 +175,8 @@ typedef struct settle {
     unsigned pending;
     request_run_t *run;
     unsigned run_done;
+    unsigned run_failed;  /* of run_done: for the statistics */
+    uint64_t run_bytes;   /* moved by the others */
 } settle_t;
 
 /* s's run_done requests of s's run finished: the run's last ones give
@@ -180,6 +188,12 @@ static void settle_run(settle_t *s)
     if (done == 0)
         return;
     s->run_done = 0;
+    /* Before the run's countdown: past it a waiter may reuse the record. */
+    if (run->stats != NULL)
+        ferry_stats_count(run->stats, run->transport, done, s->run_failed, s->run_bytes,
+                          run->submit_ns);
+    s->run_failed = 0;
+    s->run_bytes = 0;
     /* Holding the last requests left, nobody else counts down: no locked
      * instruction (a run finished by one completion call). */
     if (atomic_load_explicit(&run->left, memory_order_acquire) != done &&
@@ -219,6 +233,8 @@ static inline void request_finish(request_state_t *req, settle_t *s)
     }
     s->run_done++;
     int error = atomic_load_explicit(&req->error, memory_order_relaxed);
+    s->run_failed += error != 0;
+    s->run_bytes += error ? 0 : req->one_slice.length;
     /* Plain (release) stores, no locked instruction: the countdown of
      * pending in settle_all publishes them to whoever sees it reach 0. */
     atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
@@ -612,6 +628,8 @@ static request_run_t *run_new(ferry_batch_t *batch)
     run->copier = -1;
     run->peer_made = 0;
     run->cut = 0;
+    run->stats = NULL; /* resolve sets it with the segment */
+    run->submit_ns = batch->submit_ns;
     return run;
 }
 
@@ -645,6 +663,7 @@ static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
                                              FERRY_HANDLE_SEGMENT, engine);
     if (run->segment == NULL)
         return FERRY_ERR_INVALID_HANDLE;
+    run->stats = run->segment->stats;
     run->opcode = in->opcode;
     req->one_slice.local = in->local;
     req->one_slice.remote_addr = in->target_offset;
@@ -1165,6 +1184,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
         batch->kept_entry = run->local_entry;
     run->local_accel = local_memory(engine, run, req->one_slice.local);
     atomic_store_explicit(&run->left, 1, memory_order_relaxed);
+    run->submit_ns = batch->submit_ns;
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
     launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
     return 1;
@@ -1180,6 +1200,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
     ferry_lock_acquire(&batch->submit_lock);
+    batch->submit_ns = engine->stats.enabled ? ferry_stats_now_ns() : 0;
     if (batch_pending(batch) == 0 && count == 1 && batch->used == 1 &&
         submit_again(batch, requests)) {
         ferry_lock_release(&batch->submit_lock);

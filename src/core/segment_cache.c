@@ -329,6 +329,7 @@ static ferry_status_t cache_enter(ferry_engine_t *engine, const char *name,
     segment->opens = 1;
     segment->fetching = 1;
     segment->is_local = is_own_name(engine, name);
+    segment->stats = ferry_stats_peer(&engine->stats, name);
     segment->handle = ferry_handle_alloc(FERRY_HANDLE_SEGMENT, segment, engine);
     segment->next = cache->list;
     cache->list = segment;
