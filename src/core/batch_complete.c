@@ -34,14 +34,16 @@ static inline void request_finish(request_state_t *req, settle_t *s)
     }
     s->run_done++;
     int error = atomic_load_explicit(&req->error, memory_order_relaxed);
-    s->run_failed += error != 0;
-    s->run_bytes += error ? 0 : req->one_slice.length;
+    s->run_bytes += req->one_slice.length; /* for the statistics; taken back below */
     /* Plain (release) stores, no locked instruction: the countdown of
      * pending in settle_all publishes them to whoever sees it reach 0. */
     atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
                           memory_order_release);
-    if (error)
+    if (error) {
         atomic_store_explicit(&run->batch->any_failed, 1, memory_order_release);
+        s->run_failed++;
+        s->run_bytes -= req->one_slice.length;
+    }
     s->pending++;
 }
 
