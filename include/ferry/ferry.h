@@ -246,6 +246,8 @@ typedef enum ferry_xfer_state {
     FERRY_XFER_PENDING = 1,
     FERRY_XFER_COMPLETED = 2,
     FERRY_XFER_FAILED = 3,
+    FERRY_XFER_CANCELLED = 4, /* ferry_batch_cancel stopped it (error FERRY_ERR_CANCELED):
+                               * not all of its bytes moved, and none will any more */
 } ferry_xfer_state_t;
 
 typedef struct ferry_xfer_status {
@@ -272,6 +274,32 @@ FERRY_API ferry_status_t ferry_batch_status(ferry_batch_h batch, size_t index,
 FERRY_API ferry_status_t ferry_batch_wait(ferry_batch_h batch, int timeout_ms);
 /* FERRY_ERR_BUSY while requests are in flight. */
 FERRY_API ferry_status_t ferry_batch_destroy(ferry_batch_h batch);
+
+/*
+ * Cancel the batch's unfinished requests, best effort.  Each request then
+ * ends either CANCELLED (error FERRY_ERR_CANCELED) or in its true final
+ * state (COMPLETED, FAILED) as it would have without the call.  CANCELLED
+ * is a promise: none of that request's bytes land after it is reported
+ * (some of them may have landed before, the rest never will), so its
+ * buffers may be reused at once.  A part of a request that a transport
+ * cannot fence is left to finish, and the request ends as that part does:
+ *   tcp   slices still queued behind a connection (not yet written to the
+ *         socket) end CANCELLED at once; those already written run to their
+ *         response or to the FERRY_TCP_TIMEOUT failure;
+ *   shm, cxl, local copies: copied within ferry_batch_submit, never
+ *         unfinished: nothing to cancel;
+ *   ucx, ofi and other transports without the transport op `cancel`: left
+ *         to finish (UCX and libfabric cannot take back an RMA they accepted).
+ * A request part of which was cancelled and part of which FAILED ends
+ * FAILED.  Returns FERRY_OK (also for a batch with nothing in flight: a
+ * no-op) or FERRY_ERR_INVALID_HANDLE; ferry_batch_wait then returns
+ * FERRY_ERR_CANCELED when the first unsuccessful request was cancelled.
+ * The batch can be waited for, submitted again once finished, and
+ * destroyed as usual; cancel may race ferry_batch_wait and completions
+ * from any thread.  Cancelled and failed requests both count as failures
+ * in the statistics.
+ */
+FERRY_API ferry_status_t ferry_batch_cancel(ferry_batch_h batch);
 
 /* Attach a notify to the batch: delivered to the segment's owner after all of
  * the batch's data, when the batch completes without failure. */

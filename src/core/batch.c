@@ -361,8 +361,37 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
         }
     }
     pthread_mutex_unlock(&engine->batches_lock);
+    /* A cancel still inside (batch_cancel.c) let the last request finish
+     * while holding submit_lock: it leaves before the batch goes. */
+    ferry_lock_acquire(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     peer_caches_release(batch);
     batch_free(batch);
+    return FERRY_OK;
+}
+
+/*
+ * Under submit_lock: no submit runs, so every request of the round is with
+ * its transport or finished, and none of another round can start while the
+ * transports take theirs back.  Requests are told apart by their slot's
+ * address: the batch's requests[] is the owner range.  Completions the
+ * transports report from here may finish the batch; a waiter may then
+ * destroy it, and destroy waits for submit_lock (ferry_batch_destroy).
+ */
+ferry_status_t ferry_batch_cancel(ferry_batch_h handle)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    ferry_engine_t *engine = batch->engine;
+    ferry_lock_acquire(&batch->submit_lock);
+    const void *lo = batch->requests, *hi = batch->requests + batch->max;
+    for (size_t i = 0; i < engine->n_transports && batch_pending(batch) > 0; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (FERRY_TRANSPORT_OPS_HAS(tp->ops, cancel))
+            tp->ops->cancel(tp->ctx, lo, hi);
+    }
+    ferry_lock_release(&batch->submit_lock);
     return FERRY_OK;
 }
 
