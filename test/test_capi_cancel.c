@@ -34,6 +34,16 @@ static void fill_requests(ferry_request_t *reqs, size_t n, ferry_segment_h segme
                                     .length = length};
 }
 
+/* A batch of n writes of length bytes to remote + i * length (not submitted). */
+static ferry_batch_h batch_of(ferry_request_t *reqs, size_t n, ferry_segment_h segment,
+                              uint64_t remote, size_t length)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(capi_engine, n, &batch), FERRY_OK);
+    fill_requests(reqs, n, segment, remote, length);
+    return batch;
+}
+
 static ferry_xfer_state_t state_of(ferry_batch_h batch, size_t i)
 {
     ferry_xfer_status_t xs;
@@ -82,10 +92,8 @@ Test(cancel, a_frozen_peer_s_queued_requests_end_cancelled_at_once)
     cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", N * length), "OK");
     test_pattern_fill(capi_local, length, 22);
 
-    ferry_batch_h batch;
     ferry_request_t reqs[N];
-    cr_assert_eq(ferry_batch_create(capi_engine, N, &batch), FERRY_OK);
-    fill_requests(reqs, N, victim_seg, victim.arena, length);
+    ferry_batch_h batch = batch_of(reqs, N, victim_seg, victim.arena, length);
     cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
     int stopped;
     peer_kill(&victim, SIGSTOP);
@@ -167,10 +175,8 @@ Test(cancel, racing_completion_each_request_ends_once)
     ferry_segment_h segment = capi_open_peer(&peer, NULL);
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", N * length), "OK");
     test_pattern_fill(capi_local, length, 23);
-    ferry_batch_h batch;
     ferry_request_t reqs[N];
-    cr_assert_eq(ferry_batch_create(capi_engine, N, &batch), FERRY_OK);
-    fill_requests(reqs, N, segment, peer.arena, length);
+    ferry_batch_h batch = batch_of(reqs, N, segment, peer.arena, length);
     canceller_t c = {.batch = batch};
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, cancel_loop, &c), 0);
