@@ -204,3 +204,35 @@ Test(cancel, racing_completion_each_request_ends_once)
     ferry_segment_close(capi_engine, segment);
     peer_stop(&peer);
 }
+
+/* One request of 64 slices over a frozen peer: its first slices are on the
+ * wire (each connection's first send), the rest queued.  Cancel takes the
+ * queued ones back, the sent ones fail at FERRY_TCP_TIMEOUT: the request
+ * is FAILED, never CANCELLED, since its sent bytes may still land. */
+Test(cancel, a_request_partly_on_the_wire_ends_failed)
+{
+    const size_t length = 64 * MIB;
+    peer_process_t victim;
+    ferry_segment_h segment = capi_open_peer(&victim, NULL);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", length), "OK");
+    unsigned char *big = malloc(length);
+    cr_assert_not_null(big);
+    memset(big, 7, length);
+    ferry_batch_h batch;
+    ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = big, .target = segment,
+                           .target_offset = victim.arena, .length = length};
+    cr_assert_eq(ferry_batch_create(capi_engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    int stopped;
+    peer_kill(&victim, SIGSTOP);
+    cr_assert_eq(waitpid(victim.pid, &stopped, WUNTRACED), victim.pid);
+    cr_assert_eq(ferry_batch_cancel(batch), FERRY_OK);
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT);
+    cr_assert_eq(state_of(batch, 0), FERRY_XFER_FAILED, "%s", ferry_status_string(status));
+    cr_assert_neq(status, FERRY_ERR_CANCELED);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    peer_kill(&victim, SIGKILL);
+    ferry_segment_close(capi_engine, segment);
+    free(big);
+}
