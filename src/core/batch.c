@@ -374,9 +374,16 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
  * Under submit_lock: no submit runs, so every request of the round is with
  * its transport or finished, and none of another round can start while the
  * transports take theirs back.  Requests are told apart by their slot's
- * address: the batch's requests[] is the owner range.  Completions the
- * transports report from here may finish the batch; a waiter may then
- * destroy it, and destroy waits for submit_lock (ferry_batch_destroy).
+ * address: the batch's requests[] is the owner range.  Lifetimes:
+ * - a transport's completion thread and cancel never both finish a slice:
+ *   the transport holds each slice in one place under its lock, and cancel
+ *   takes only those it can still keep off the wire (tcp: its queues);
+ * - a cancelled request finishes like any other (slices_done): its run's
+ *   hold on the local buffer goes back, so an unregister waiting for it
+ *   proceeds, and the batch counts down;
+ * - completions reported from here may finish the batch, and a waiter may
+ *   then start it over (submit waits for submit_lock) or destroy it
+ *   (destroy waits for submit_lock before it frees).
  */
 ferry_status_t ferry_batch_cancel(ferry_batch_h handle)
 {
