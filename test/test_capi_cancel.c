@@ -236,3 +236,57 @@ Test(cancel, a_request_partly_on_the_wire_ends_failed)
     ferry_segment_close(capi_engine, segment);
     free(big);
 }
+
+typedef struct unregisterer {
+    void *addr;
+    ferry_status_t status;
+    double done_at;
+} unregisterer_t;
+
+static void *unregister_thread(void *arg)
+{
+    unregisterer_t *u = arg;
+    u->status = ferry_unregister(capi_engine, u->addr);
+    u->done_at = test_now();
+    return NULL;
+}
+
+/* The local buffer of requests a frozen peer holds is unregistered while
+ * they are cancelled: the unregister waits for the requests still on the
+ * wire (they fail at FERRY_TCP_TIMEOUT), not for the cancelled ones, and
+ * everything ends. */
+Test(cancel, racing_an_unregister_of_the_local_buffer)
+{
+    enum { N = 32 };
+    const size_t length = MIB;
+    peer_process_t victim;
+    ferry_segment_h segment = capi_open_peer(&victim, NULL);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", N * length), "OK");
+    cr_assert_eq(ferry_register(capi_engine, capi_local, length, NULL, 0), FERRY_OK);
+    ferry_request_t reqs[N];
+    ferry_batch_h batch = batch_of(reqs, N, segment, victim.arena, length);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    int stopped;
+    peer_kill(&victim, SIGSTOP);
+    cr_assert_eq(waitpid(victim.pid, &stopped, WUNTRACED), victim.pid);
+    unregisterer_t u = {.addr = capi_local};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, unregister_thread, &u), 0);
+    usleep(10000);
+    cr_assert_eq(ferry_batch_cancel(batch), FERRY_OK);
+    double cancelled_at = test_now();
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT);
+    pthread_join(thread, NULL);
+    cr_assert_eq(u.status, FERRY_OK);
+    cr_assert_lt(u.done_at - cancelled_at, 10.0, "the unregister ended %.2f s after the cancel",
+                 u.done_at - cancelled_at);
+    for (size_t i = 0; i < N; i++) {
+        ferry_xfer_state_t state = state_of(batch, i);
+        cr_assert(state == FERRY_XFER_CANCELLED || state == FERRY_XFER_FAILED ||
+                  state == FERRY_XFER_COMPLETED);
+    }
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    peer_kill(&victim, SIGKILL);
+    ferry_segment_close(capi_engine, segment);
+}
