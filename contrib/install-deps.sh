@@ -25,6 +25,10 @@ if [ "$what" = test ]; then
     packages="$packages etcd-server etcd-client redis-server"
     # a single-node Slurm for the srun tests (contrib/slurm-single-node.sh)
     packages="$packages slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge"
+    # the Python package's tests (python/tests): headers, pytest, numpy, torch
+    # (CPU) and mpi4py for Debian's /usr/bin/python3
+    packages="$packages python3-dev python3-setuptools python3-pytest python3-numpy"
+    packages="$packages python3-torch python3-mpi4py"
 fi
 missing=""
 for p in $packages; do
