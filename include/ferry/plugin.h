@@ -331,6 +331,13 @@ typedef struct ferry_transport_ops {
      * transport that cannot reach a remote buffer at some location says so
      * in mem_register (FERRY_ERR_UNSUPPORTED: no key for that buffer). */
     int (*local_memory)(void *ctx, const char *location);
+    /* Optional (ferry_batch_cancel): finish with FERRY_ERR_CANCELED, through
+     * slices_done and outside the transport's locks, every slice it holds
+     * whose owner lies in [owner_lo, owner_hi) and whose bytes it can still
+     * keep from moving (not yet handed to the wire or the copy); leave the
+     * others to finish as they would.  Never reports a slice CANCELED whose
+     * bytes may still land.  Without it, nothing is cancelled. */
+    void (*cancel)(void *ctx, const void *owner_lo, const void *owner_hi);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

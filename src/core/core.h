@@ -5,6 +5,8 @@
 
 #include "../util/util.h"
 
+#include <time.h>
+
 #define FERRY_MAX_TRANSPORTS 8
 #define FERRY_ACCEL_VENDORS_MAX 4
 #define FERRY_DESCRIPTOR_VERSION 1
@@ -294,6 +296,19 @@ char *ferry_desc_compact_put_buffer(const ferry_descriptor_t *desc,
 char *ferry_desc_compact_put_hex(char *out, uint64_t value);
 char *ferry_desc_compact_put_word(char *out, const char *word);
 
+/* descriptor_blob.c: a descriptor as the bytes an application carries
+ * itself (its header describes them): a 16-byte header, then the compact
+ * form.  decode is strict (FERRY_ERR_DECODE, logged once) and takes only
+ * what encode writes. */
+#define FERRY_DESC_BLOB_HEADER 16
+ferry_status_t ferry_descriptor_blob_encode(const ferry_descriptor_t *desc, uint8_t **blob_p,
+                                            size_t *length_p);
+/* The same from a descriptor's compact text (malloc-ed blob). */
+ferry_status_t ferry_descriptor_blob_wrap(const char *text, size_t length, uint8_t **blob_p,
+                                          size_t *length_p);
+ferry_status_t ferry_descriptor_blob_decode(const void *blob, size_t length,
+                                            ferry_descriptor_t **desc_p);
+
 /* descriptor_changes.c: what changed between two revisions of one
  * generation of a descriptor (incremental refresh).  A change set lists,
  * per revision step, the buffers removed (by address) and added (whole),
@@ -337,6 +352,72 @@ ferry_status_t ferry_descriptor_apply(const ferry_descriptor_t *base,
                                       const ferry_desc_changes_t *changes,
                                       ferry_descriptor_t **desc_p);
 
+/* ---------------- stats.c: what the engine's requests did ---------------- */
+
+/* Slot 0: local copies; slot i + 1: engine transport i. */
+#define FERRY_STATS_SLOTS (FERRY_MAX_TRANSPORTS + 1)
+
+/* Relaxed atomics: added to by whichever thread finishes requests, read by
+ * snapshots; no ordering between them is promised. */
+typedef struct ferry_stats_counters {
+    atomic_uint_fast64_t requests;
+    atomic_uint_fast64_t failures;
+    atomic_uint_fast64_t bytes;
+    atomic_uint_fast64_t latency[FERRY_STATS_BUCKETS];
+} ferry_stats_counters_t;
+
+/* One peer's counters, per transport.  The engine owns it from the first
+ * open of that name until the engine is freed (after every batch), so a
+ * run may keep a plain pointer to it while its requests fly, even past
+ * the segment's close. */
+typedef struct ferry_peer_stats {
+    char *name;
+    ferry_stats_counters_t by_slot[FERRY_STATS_SLOTS];
+} ferry_peer_stats_t;
+
+/* lock: peers, n_peers, capacity (a snapshot or an open takes it; a
+ * completion never does).  Past FERRY_STATS_PEERS_MAX names, new ones share
+ * the `other` entry.  enabled: FERRY_STATS, fixed at create. */
+#define FERRY_STATS_PEERS_MAX 4096
+typedef struct ferry_engine_stats {
+    pthread_mutex_t lock;
+    ferry_peer_stats_t **peers;
+    size_t n_peers, capacity;
+    ferry_peer_stats_t *other;
+    int enabled;
+} ferry_engine_stats_t;
+
+void ferry_stats_init(ferry_engine_stats_t *stats, int enabled);
+void ferry_stats_fini(ferry_engine_stats_t *stats);
+/* The counters of the peer of that name (made at its first open); NULL
+ * when statistics are off or memory is short (then it is not counted). */
+ferry_peer_stats_t *ferry_stats_peer(ferry_engine_stats_t *stats, const char *name);
+
+static inline uint64_t ferry_stats_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+/* done requests of one run finished in one completion call (failed of
+ * them failed, the others moved bytes), submitted at submit_ns, through
+ * engine transport `transport` (-1: a local copy). */
+static inline void ferry_stats_count(ferry_peer_stats_t *peer, int transport, unsigned done,
+                                     unsigned failed, uint64_t bytes, uint64_t submit_ns)
+{
+    ferry_stats_counters_t *c = &peer->by_slot[transport + 1];
+    uint64_t ns = ferry_stats_now_ns() - submit_ns;
+    unsigned bucket = ns > 1 ? 63u - (unsigned)__builtin_clzll(ns) : 0;
+    if (bucket >= FERRY_STATS_BUCKETS)
+        bucket = FERRY_STATS_BUCKETS - 1;
+    atomic_fetch_add_explicit(&c->requests, done, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->latency[bucket], done, memory_order_relaxed);
+    if (failed)
+        atomic_fetch_add_explicit(&c->failures, failed, memory_order_relaxed);
+}
+
 /* ---------------- segment_cache.c: opened remote segments ---------------- */
 
 typedef struct ferry_segment {
@@ -350,6 +431,12 @@ typedef struct ferry_segment {
     int fetching;
     ferry_status_t fetch_status;
     int stale;               /* invalidated by its owner: refresh before use */
+    /* Opened from a blob (ferry_segment_open_blob), set with the first
+     * desc under lock: refreshes ask its owner over RPC, never the store. */
+    int from_blob;
+    /* Its peer's statistics (stats.c), NULL when not counted; set before
+     * the handle is handed out, fixed. */
+    ferry_peer_stats_t *stats;
     /* Changes (under lock) with desc and stale, from a process-wide count,
      * so a (segment, version) pair names one descriptor for good; 0 for our
      * own segment, whose descriptor is not cached here. */
@@ -372,6 +459,11 @@ void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cac
 ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
                                         ferry_segment_t **segment_p);
 void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment);
+/* The segment of desc's name: one more open of the entry if there is one
+ * (desc unused), else a new entry holding desc (a reference taken), which
+ * refreshes from its owner over RPC only. */
+ferry_status_t ferry_segment_cache_open_desc(ferry_engine_t *engine, ferry_descriptor_t *desc,
+                                             ferry_segment_t **segment_p);
 /* The current descriptor (referenced), refreshing first if it was invalidated. */
 ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
                                         ferry_descriptor_t **desc_p);
@@ -411,6 +503,10 @@ void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned cop
 ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
 /* Before the segment is freed: every copy ended. */
 void ferry_segment_copiers_wait_all(ferry_segment_t *segment);
+/* The engine and the open segment behind two public handles, or
+ * FERRY_ERR_INVALID_HANDLE. */
+ferry_status_t ferry_segment_resolve(ferry_engine_h engine_handle, ferry_segment_h segment_handle,
+                                     ferry_engine_t **engine_p, ferry_segment_t **segment_p);
 /* ferry_metadata_services_t.segment_changed */
 void ferry_segment_cache_changed(void *engine, const char *name);
 
@@ -463,6 +559,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_max_conns_per_source;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
+    int stats;
     char *descriptor_format;
     unsigned subscribers_max;
     unsigned wait_spin_us;
@@ -563,6 +660,7 @@ struct ferry_engine {
     const ferry_accel_ops_t *accel[FERRY_ACCEL_VENDORS_MAX];
     ferry_stage_pool_t stage;
     int stage_ready; /* stage initialized (create got that far) */
+    ferry_engine_stats_t stats; /* freed last: runs point into it */
 };
 
 ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);

@@ -519,6 +519,8 @@ static int run_initiator(const options_t *o, const char *segment_name)
                n_samples, o->local_memory, o->remote_memory);
     }
     ferry_bench_samples_free(&samples);
+    if (o->stats)
+        ferry_bench_stats_print(engine, stdout);
     fflush(stdout);
     pthread_barrier_destroy(&start);
     free(ctxs);

@@ -4,6 +4,8 @@
 
 #include <ferry/ferry.h>
 
+#include <stdio.h>
+
 /* The command line (ferry_bench_options.c parses it). */
 typedef struct ferry_bench_options {
     const char *mode;
@@ -28,6 +30,7 @@ typedef struct ferry_bench_options {
      * --remote-memory (the target's): ferry_bench_memory.c */
     const char *local_memory;
     const char *remote_memory;
+    int stats;          /* --stats: the engine's statistics after the run */
 } ferry_bench_options_t;
 
 /* --random's generator (xorshift64*): cheap, and the same sequence each run. */
@@ -110,6 +113,10 @@ ferry_status_t ferry_bench_get(ferry_bench_self_t *self, const char *memory, voi
 ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory,
                                 unsigned char *buffer, size_t length,
                                 unsigned char (*byte)(size_t index, void *arg), void *arg);
+
+/* ferry_bench_stats.c: --stats, the engine's statistics per transport and
+ * per peer (ferry_stats_snapshot) as a short table, and STATS lines. */
+void ferry_bench_stats_print(ferry_engine_h engine, FILE *out);
 
 /* --metadata-ops: control-plane latency, in ferry_bench_metadata.c */
 int ferry_bench_metadata_main(int argc, char **argv);

@@ -54,6 +54,9 @@ static void usage(FILE *out)
         "                        buffer for the reply (as ucx_perftest put_lat and OSU\n"
         "                        latency do); prints half the round trip (median, 99th\n"
         "                        percentile of 32-round-trip means); block >= 8 bytes\n"
+        "  --stats               after the run, the engine's statistics (requests,\n"
+        "                        failures, bytes, latency percentiles per transport and\n"
+        "                        per peer: ferry_stats_snapshot) as a table and STATS lines\n"
         "Before the run, the time of the first request to the target (a request of at\n"
         "most 64 bytes, submit to completion: connections and GPU IPC opens included)\n"
         "is printed on a line starting with FIRST.\n"
@@ -78,6 +81,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         {"remote-memory", required_argument, NULL, 'r'},
         {"window", required_argument, NULL, 'W'},
         {"random", no_argument, NULL, 'R'},
+        {"stats", no_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (ferry_bench_options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -98,6 +102,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         case 'V': o->via = optarg; break;
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
+        case 'X': o->stats = 1; break;
         case 'A':
         case 'l':
         case 'r':

@@ -252,6 +252,7 @@ static const ferry_transport_ops_t tcp_ops = {
     .slice_size = tcp_slice_size,
     .stop = tcp_stop,
     .local_memory = tcp_local_memory,
+    .cancel = ferry_tcp_cancel,
 };
 
 static const ferry_plugin_t tcp_plugin = {
