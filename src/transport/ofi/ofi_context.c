@@ -4,11 +4,14 @@
  *
  * Order of create (each step undone by context_close in reverse):
  *   fi_getinfo -> fabric -> domain -> target CQ, AV, endpoint (enabled) ->
- *   endpoint string -> wake eventfd -> progress thread.
- * Order of stop (quiesce, then close): thread joined -> peers closed (their
- * ops FAILED) -> [engine deregisters memory] -> target endpoint, AV, CQ ->
- * domain -> fabric -> fi_info.  libfabric answers -FI_EBUSY to closing a
- * parent whose children live, so that order is the only one that works.
+ *   endpoint string -> the lane (ofi_lane.c) -> wake eventfd -> progress
+ *   thread.
+ * Order of stop (quiesce, then close): thread joined -> lane closed (every
+ * op posted or pending FAILED) -> the table's peer references dropped ->
+ * [engine deregisters memory] -> target endpoint, AV, CQ -> domain ->
+ * fabric -> fi_info -> the /dev/shm regions of the endpoints we named.
+ * libfabric answers -FI_EBUSY to closing a parent whose children live, so
+ * that order is the only one that works.
  */
 #include "ofi.h"
 
@@ -178,6 +181,34 @@ int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep)
     return fi_setname(&ep->fid, name, (size_t)length + 1);
 }
 
+ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_av **av_p,
+                                       struct fid_ep **ep_p, const char *what)
+{
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    const char *step = "fi_av_open";
+    int ret;
+    if ((ret = fi_av_open(ofi->domain, &av_attr, av_p, NULL)) != 0)
+        goto err;
+    step = "fi_endpoint";
+    if ((ret = fi_endpoint(ofi->domain, ofi->info, ep_p, NULL)) != 0)
+        goto err;
+    step = "fi_ep_bind";
+    if ((ret = fi_ep_bind(*ep_p, &(*av_p)->fid, 0)) != 0 ||
+        (ret = fi_ep_bind(*ep_p, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+        goto err;
+    step = "fi_setname";
+    if ((ret = ferry_ofi_name_endpoint(ofi, *ep_p)) != 0)
+        goto err;
+    step = "fi_enable";
+    if ((ret = fi_enable(*ep_p)) != 0)
+        goto err;
+    return FERRY_OK;
+err:
+    ferry_error("ofi: %s (%s, %s): %s", step, what, ofi->info->fabric_attr->prov_name,
+                fi_strerror(-ret));
+    return ferry_ofi_status(ret);
+}
+
 static ferry_status_t open_target(ferry_ofi_t *ofi)
 {
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_FD};
@@ -194,28 +225,8 @@ static ferry_status_t open_target(ferry_ofi_t *ofi)
     if (cq_attr.wait_obj == FI_WAIT_FD &&
         fi_control(&ofi->target_cq->fid, FI_GETWAIT, &ofi->target_fd) != 0)
         ofi->target_fd = -1;
-    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
-    const char *step = "fi_av_open";
-    if ((ret = fi_av_open(ofi->domain, &av_attr, &ofi->target_av, NULL)) != 0)
-        goto err;
-    step = "fi_endpoint";
-    if ((ret = fi_endpoint(ofi->domain, ofi->info, &ofi->target_ep, NULL)) != 0)
-        goto err;
-    step = "fi_ep_bind";
-    if ((ret = fi_ep_bind(ofi->target_ep, &ofi->target_av->fid, 0)) != 0 ||
-        (ret = fi_ep_bind(ofi->target_ep, &ofi->target_cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
-        goto err;
-    step = "fi_setname";
-    if ((ret = ferry_ofi_name_endpoint(ofi, ofi->target_ep)) != 0)
-        goto err;
-    step = "fi_enable";
-    if ((ret = fi_enable(ofi->target_ep)) != 0)
-        goto err;
-    return FERRY_OK;
-err:
-    ferry_error("ofi: %s (target endpoint, %s): %s", step, ofi->info->fabric_attr->prov_name,
-                fi_strerror(-ret));
-    return ferry_ofi_status(ret);
+    return ferry_ofi_endpoint_open(ofi, ofi->target_cq, &ofi->target_av, &ofi->target_ep,
+                                   "target endpoint");
 }
 
 static ferry_status_t make_address(ferry_ofi_t *ofi)
@@ -251,19 +262,29 @@ void ferry_ofi_wake(ferry_ofi_t *ofi)
     }
 }
 
-/* Every busy peer's CQ, then the target's. */
+/* Post what peers have pending (a full window or a refused post left it
+ * there, or a fence put it back). */
+static unsigned pump_pending(ferry_ofi_t *ofi)
+{
+    if (atomic_load_explicit(&ofi->pending_ops, memory_order_acquire) == 0)
+        return 0;
+    unsigned events = 0;
+    size_t count = 0;
+    ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
+    for (size_t i = 0; i < count; i++) {
+        events += ferry_ofi_peer_pump(busy[i]);
+        ferry_ofi_peer_put(busy[i]);
+    }
+    free(busy);
+    return events;
+}
+
+/* The lane's CQ, what is pending, then the target's CQ. */
 static unsigned progress_all(ferry_ofi_t *ofi)
 {
     unsigned events = 0;
-    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
-        size_t count = 0;
-        ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
-        for (size_t i = 0; i < count; i++) {
-            events += ferry_ofi_peer_progress(busy[i]);
-            ferry_ofi_peer_put(busy[i]);
-        }
-        free(busy);
-    }
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0)
+        events = ferry_ofi_lane_progress(ofi) + pump_pending(ofi);
     return events + ferry_ofi_target_progress(ofi);
 }
 
@@ -380,7 +401,8 @@ ferry_status_t ferry_ofi_context_start(ferry_ofi_t *ofi)
         return ferry_ofi_status(ret);
     }
     atomic_init(&ofi->next_key, 1);
-    if ((status = open_target(ofi)) != FERRY_OK || (status = make_address(ofi)) != FERRY_OK)
+    if ((status = open_target(ofi)) != FERRY_OK || (status = make_address(ofi)) != FERRY_OK ||
+        (status = ferry_ofi_lane_start(ofi)) != FERRY_OK)
         return status;
     ofi->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ofi->wake_fd < 0) {
@@ -409,6 +431,7 @@ void ferry_ofi_context_quiesce(ferry_ofi_t *ofi)
         pthread_join(ofi->thread, NULL);
         ofi->thread_started = 0;
     }
+    ferry_ofi_lane_stop(ofi);
     ferry_ofi_peers_close_all(ofi);
 }
 
@@ -439,11 +462,26 @@ static void pin_module(void)
         ferry_warn("ofi: cannot keep the module loaded for its parked endpoints");
 }
 
+/* shm keeps an endpoint's region in /dev/shm under the name we gave it;
+ * closing the endpoint removes it, but what a parked or failed close left
+ * would stay until removed by hand: every name we made goes here. */
+static void unlink_names(ferry_ofi_t *ofi)
+{
+    unsigned named = atomic_load(&ofi->next_name);
+    for (unsigned i = 0; i < named; i++) {
+        char path[128];
+        snprintf(path, sizeof(path), "/dev/shm/ferry-%ld-%016" PRIx64 "-%u", (long)getpid(),
+                 ofi->svc.generation, i);
+        if (unlink(path) == 0)
+            ferry_debug("ofi: removed %s", path);
+    }
+}
+
 void ferry_ofi_context_close(ferry_ofi_t *ofi)
 {
     if (ofi->parked != NULL) {
-        ferry_warn("ofi: endpoints parked after a peer stopped answering: the domain stays "
-                   "open");
+        ferry_warn("ofi: a lane was parked (ofi_lane.c, must_park): the domain, the fabric "
+                   "and the target endpoint stay open with it until the process exits");
         pin_module();
         pthread_mutex_lock(&kept.lock);
         ferry_ofi_parked_t *last = ofi->parked;
@@ -483,6 +521,7 @@ void ferry_ofi_context_close(ferry_ofi_t *ofi)
     if (ofi->wake_fd >= 0)
         close(ofi->wake_fd);
     ofi->wake_fd = -1;
+    unlink_names(ofi);
 }
 
 void ferry_ofi_print_info(FILE *out)

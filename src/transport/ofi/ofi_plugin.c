@@ -29,7 +29,8 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
     SETTING("WINDOW", "64", "RMA operations posted to one peer at a time (also at most the "
             "provider's transmit queue size)", window, FERRY_SETTING_UINT),
     SETTING("TIMEOUT", "5000ms", "a peer with operations posted that completes none for this "
-            "long fails them with FERRY_ERR_PEER_FAILED and its endpoint is closed",
+            "long fails them with FERRY_ERR_PEER_FAILED (the shared initiator endpoint is then "
+            "closed and replaced; other peers' operations are posted again)",
             timeout_ms, FERRY_SETTING_TIME_MS),
     SETTING("COMPLETION", "delivery", "when a write counts as done: delivery (FI_DELIVERY_"
             "COMPLETE: in the target's memory) or transmit (FI_TRANSMIT_COMPLETE; unsafe: "
@@ -172,6 +173,7 @@ static void ofi_destroy(void *ctx)
         return;
     ferry_ofi_context_quiesce(ofi);
     ferry_ofi_context_close(ofi);
+    pthread_rwlock_destroy(&ofi->lane_lock);
     pthread_mutex_destroy(&ofi->lock);
     ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &ofi->settings);
     free(ofi->address);
@@ -190,9 +192,11 @@ static ferry_status_t ofi_create(const ferry_transport_services_t *svc, void **c
     ofi->target_fd = -1;
     ofi->wake_fd = -1;
     pthread_mutex_init(&ofi->lock, NULL);
+    pthread_rwlock_init(&ofi->lane_lock, NULL);
     ferry_status_t status = ferry_settings_read("OFI", ferry_ofi_settings_table,
                                                 ferry_ofi_settings_count, &ofi->settings);
     if (status != FERRY_OK) {
+        pthread_rwlock_destroy(&ofi->lane_lock);
         pthread_mutex_destroy(&ofi->lock);
         free(ofi);
         return status;
