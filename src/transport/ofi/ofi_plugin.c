@@ -28,9 +28,10 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
             "cut; else at least 4k)", slice_size, FERRY_SETTING_SIZE),
     SETTING("WINDOW", "64", "RMA operations posted to one peer at a time (also at most the "
             "provider's transmit queue size)", window, FERRY_SETTING_UINT),
-    SETTING("TIMEOUT", "5000ms", "a peer with operations posted that completes none for this "
-            "long fails them with FERRY_ERR_PEER_FAILED (the shared initiator endpoint is then "
-            "closed and replaced; other peers' operations are posted again)",
+    SETTING("TIMEOUT", "5000ms", "a peer with operations posted or pending that sees no "
+            "completion for this long fails them with FERRY_ERR_PEER_FAILED (with operations "
+            "posted, the shared initiator endpoint is closed and replaced; other peers' "
+            "operations are posted again)",
             timeout_ms, FERRY_SETTING_TIME_MS),
     SETTING("COMPLETION", "delivery", "when a write counts as done: delivery (FI_DELIVERY_"
             "COMPLETE: in the target's memory) or transmit (FI_TRANSMIT_COMPLETE; unsafe: "
