@@ -79,6 +79,7 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -93,6 +94,8 @@
  * look is this old (a restarted peer is noticed before anything is posted
  * to the dead one). */
 #define FERRY_OFI_LIVENESS_MS 20
+/* The same through the peer's pidfd (a poll), at most this often. */
+#define FERRY_OFI_PIDFD_US 1000
 /* CQ entries read per call. */
 #define FERRY_OFI_CQ_BATCH 32
 
@@ -104,6 +107,7 @@ typedef struct ferry_ofi_settings {
     char *completion;    /* COMPLETION: delivery | transmit */
     char *progress;      /* PROGRESS: wait | poll */
     unsigned nap_us;     /* NAP */
+    unsigned spin_us;    /* SPIN */
     int hmem;            /* HMEM */
 } ferry_ofi_settings_t;
 
@@ -138,7 +142,7 @@ typedef struct ferry_ofi_peer {
     unsigned long long start_time;
     int pidfd;            /* pidfd_open(pid), or -1 */
     atomic_uint refs;
-    atomic_uint_fast64_t checked_ms; /* last liveness look (same-host peers) */
+    atomic_uint_fast64_t checked_us; /* last liveness look (same-host peers) */
     atomic_int dead;      /* seen gone once: never looked at again */
 
     pthread_mutex_t lock;
@@ -210,6 +214,11 @@ struct ferry_ofi {
     struct fid_cq *target_cq;
     struct fid_av *target_av;
     int target_fd;           /* the target CQ's wait fd, or -1 (shm has none) */
+    /* Counts peers' RMA served by the target endpoint (FI_RMA_EVENT, where
+     * the provider offers it: shm), or NULL: the only sign that a peer is
+     * using us, since served RMA leaves no CQ entry. */
+    struct fid_cntr *target_cntr;
+    atomic_uint_fast64_t target_served; /* its last value read */
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
     atomic_uint next_name;   /* endpoints named so far (ferry_ofi_name_endpoint) */
     char *address;           /* our endpoint string; immutable after create */
@@ -262,9 +271,12 @@ void ferry_ofi_print_info(FILE *out);
  * that a killed process leaves behind, which made the next process given
  * that pid fail fi_enable with EBUSY). */
 int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep);
-/* AV and endpoint (bound to cq and the AV, named, enabled) of what. */
-ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_av **av_p,
-                                       struct fid_ep **ep_p, const char *what);
+/* AV and endpoint (bound to cq, the AV and cntr if not NULL, named,
+ * enabled) of what. */
+ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_cntr *cntr,
+                                       struct fid_av **av_p, struct fid_ep **ep_p,
+                                       const char *what);
+uint64_t ferry_ofi_time_us(void);
 /* Whether the provider's core (the part before ';') is software. */
 int ferry_ofi_provider_is_software(const char *prov_name);
 

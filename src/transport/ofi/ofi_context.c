@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,7 +42,7 @@ int ferry_ofi_provider_is_software(const char *prov_name)
     return 0;
 }
 
-static struct fi_info *make_hints(const char *prov_name, int hmem)
+static struct fi_info *make_hints(const char *prov_name, int hmem, int rma_event)
 {
     struct fi_info *hints = fi_allocinfo();
     if (hints == NULL)
@@ -50,6 +51,8 @@ static struct fi_info *make_hints(const char *prov_name, int hmem)
     hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     if (hmem)
         hints->caps |= FI_HMEM;
+    if (rma_event)
+        hints->caps |= FI_RMA_EVENT;
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     /* Every MR mode we honour (ofi_mem.c); the provider keeps the ones it needs. */
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
@@ -70,10 +73,10 @@ static struct fi_info *make_hints(const char *prov_name, int hmem)
 /* fi_getinfo for that provider; on IP providers the endpoint binds to the
  * host we advertise (two namespaces' veth, a chosen interface), else to the
  * provider's own choice. */
-static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
-                    struct fi_info **info_p)
+static int get_info_with(const ferry_ofi_t *ofi, const char *prov_name, int hmem, int rma_event,
+                         struct fi_info **info_p)
 {
-    struct fi_info *hints = make_hints(prov_name, hmem);
+    struct fi_info *hints = make_hints(prov_name, hmem, rma_event);
     if (hints == NULL)
         return -FI_ENOMEM;
     int ret = -FI_ENODATA;
@@ -87,11 +90,25 @@ static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
     return ret;
 }
 
+/* With FI_RMA_EVENT where the provider offers it without asking for
+ * FI_MR_RMA_EVENT (shm): the target's counter of RMA served (ofi.h). */
+static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
+                    struct fi_info **info_p)
+{
+    if (get_info_with(ofi, prov_name, hmem, 1, info_p) == 0) {
+        if (!((*info_p)->domain_attr->mr_mode & FI_MR_RMA_EVENT))
+            return 0;
+        fi_freeinfo(*info_p);
+        *info_p = NULL;
+    }
+    return get_info_with(ofi, prov_name, hmem, 0, info_p);
+}
+
 /* "a, b, c": the providers fi_getinfo offers for RDM endpoints with RMA
  * (malloc-ed; "none" when there are none). */
 static char *providers_seen(void)
 {
-    struct fi_info *hints = make_hints(NULL, 0), *list = NULL;
+    struct fi_info *hints = make_hints(NULL, 0, 0), *list = NULL;
     size_t size = 256, used = 0;
     char *text = malloc(size);
     if (text == NULL)
@@ -181,8 +198,9 @@ int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep)
     return fi_setname(&ep->fid, name, (size_t)length + 1);
 }
 
-ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_av **av_p,
-                                       struct fid_ep **ep_p, const char *what)
+ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_cntr *cntr,
+                                       struct fid_av **av_p, struct fid_ep **ep_p,
+                                       const char *what)
 {
     struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
     const char *step = "fi_av_open";
@@ -194,7 +212,9 @@ ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, stru
         goto err;
     step = "fi_ep_bind";
     if ((ret = fi_ep_bind(*ep_p, &(*av_p)->fid, 0)) != 0 ||
-        (ret = fi_ep_bind(*ep_p, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+        (ret = fi_ep_bind(*ep_p, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+        (cntr != NULL &&
+         (ret = fi_ep_bind(*ep_p, &cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0))
         goto err;
     step = "fi_setname";
     if ((ret = ferry_ofi_name_endpoint(ofi, *ep_p)) != 0)
@@ -225,8 +245,16 @@ static ferry_status_t open_target(ferry_ofi_t *ofi)
     if (cq_attr.wait_obj == FI_WAIT_FD &&
         fi_control(&ofi->target_cq->fid, FI_GETWAIT, &ofi->target_fd) != 0)
         ofi->target_fd = -1;
-    return ferry_ofi_endpoint_open(ofi, ofi->target_cq, &ofi->target_av, &ofi->target_ep,
-                                   "target endpoint");
+    if (ofi->info->caps & FI_RMA_EVENT) {
+        struct fi_cntr_attr cntr_attr = {.events = FI_CNTR_EVENTS_COMP,
+                                         .wait_obj = FI_WAIT_NONE};
+        if ((ret = fi_cntr_open(ofi->domain, &cntr_attr, &ofi->target_cntr, NULL)) != 0) {
+            ferry_debug("ofi: fi_cntr_open: %s (no count of RMA served)", fi_strerror(-ret));
+            ofi->target_cntr = NULL;
+        }
+    }
+    return ferry_ofi_endpoint_open(ofi, ofi->target_cq, ofi->target_cntr, &ofi->target_av,
+                                   &ofi->target_ep, "target endpoint");
 }
 
 static ferry_status_t make_address(ferry_ofi_t *ofi)
@@ -318,46 +346,76 @@ static void wait_wake(ferry_ofi_t *ofi, unsigned us)
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
 }
 
-/* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
-static void sleep_idle(ferry_ofi_t *ofi, int timeout_ms)
+/* Sleep until the target CQ or a submit wakes us, at most timeout_ms;
+ * returns whether the target CQ's fd woke us (a peer's RMA arrived). */
+static int sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 {
     atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
-    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 ||
-        atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
-        atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
-        return;
-    }
-    struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN}, {.fd = -1}};
-    nfds_t n = 1;
+    int woken = 0;
     struct fid *cq = &ofi->target_cq->fid;
-    if (ofi->target_fd >= 0 && fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
-        fds[1] = (struct pollfd){.fd = ofi->target_fd, .events = POLLIN};
-        n = 2;
-    } else if (ofi->target_fd >= 0) {
-        timeout_ms = 0; /* the CQ has something: read it */
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0 &&
+        !atomic_load_explicit(&ofi->stop, memory_order_acquire) &&
+        fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
+        struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN},
+                                {.fd = ofi->target_fd, .events = POLLIN}};
+        if (poll(fds, 2, timeout_ms) > 0) {
+            uint64_t count;
+            if ((fds[0].revents & POLLIN) && read(ofi->wake_fd, &count, sizeof(count)) < 0)
+                count = 0;
+            woken = (fds[1].revents & POLLIN) != 0;
+        }
     } else {
-        timeout_ms = 0; /* no wait object: nap below */
-    }
-    if (timeout_ms > 0 && poll(fds, n, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
-        uint64_t count;
-        if (read(ofi->wake_fd, &count, sizeof(count)) < 0)
-            count = 0;
+        woken = 1; /* the CQ has something: read it */
     }
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
-    if (ofi->target_fd < 0)
-        wait_wake(ofi, ofi->settings.nap_us);
+    return woken;
 }
 
-/* Polls while ops are posted (manual progress: on tcp;ofi_rxm the reads of
- * the CQ are what move the bytes), keeps off while callers poll
- * (ferry_batch_wait's spin), sleeps otherwise: on the target CQ's fd where
- * the provider has one, else in naps, since rxm and shm serve peers' RMA
- * only while somebody reads the target endpoint's CQ. */
+/* The thread's state between looks. */
+typedef struct pace {
+    uint64_t last_event_us; /* the last completion, RMA served or wakeup */
+    unsigned nap_us;        /* the back-off nap, growing while nothing happens */
+} pace_t;
+
+/* Nothing happened in this look: keep polling during the spin window after
+ * the last event, then back off in growing naps (from 1 us: ops posted up
+ * to 64 us, idle up to FERRY_OFI_NAP), or sleep on the target CQ's fd when
+ * idle and the provider has one.  A peer's RMA, a submit or a caller's
+ * progress_leave ends a nap or sleep. */
+static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
+{
+    int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
+    uint64_t now = ferry_ofi_time_us();
+    if (ofi->poll_mode || now - pace->last_event_us < ofi->settings.spin_us) {
+        sched_yield();
+        return;
+    }
+    if (!busy && ofi->target_fd >= 0) {
+        unsigned timeout = ofi->settings.timeout_ms / 4;
+        if (sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout))
+            pace->last_event_us = ferry_ofi_time_us();
+        pace->nap_us = 0;
+        return;
+    }
+    unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
+    pace->nap_us = pace->nap_us ? FERRY_OFI_MIN(pace->nap_us * 2, most) : 1;
+    wait_wake(ofi, pace->nap_us ? pace->nap_us : 1);
+}
+
+/* Polls while ops are posted or pending (manual progress: on tcp;ofi_rxm
+ * the reads of the CQ are what move the bytes), keeps off while callers
+ * poll (ferry_batch_wait's spin), keeps polling for FERRY_OFI_SPIN after
+ * each event, then backs off; rxm and shm serve peers' RMA only while
+ * somebody reads the target endpoint's CQ. */
 static void *progress_thread(void *arg)
 {
     ferry_ofi_t *ofi = arg;
     uint64_t seen_polls = 0, last_sweep = ferry_ofi_time_ms();
     unsigned off_us = 0;
+    pace_t pace = {.last_event_us = ferry_ofi_time_us()};
+    /* naps of a few microseconds mean what they say (the default slack is
+     * 50 us) */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     while (!atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
         uint64_t now = ferry_ofi_time_ms();
         if (now - last_sweep >= 10) {
@@ -371,18 +429,16 @@ static void *progress_thread(void *arg)
             seen_polls = polls;
             off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
             wait_wake(ofi, off_us);
+            pace.last_event_us = ferry_ofi_time_us();
             continue;
         }
         off_us = 0;
-        unsigned events = progress_all(ofi);
-        if (events != 0)
-            continue;
-        if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 || ofi->poll_mode) {
-            sched_yield();
+        if (progress_all(ofi) != 0) {
+            pace.last_event_us = ferry_ofi_time_us();
+            pace.nap_us = 0;
             continue;
         }
-        unsigned timeout = ofi->settings.timeout_ms / 4;
-        sleep_idle(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+        idle_look(ofi, &pace);
     }
     return NULL;
 }
@@ -504,10 +560,13 @@ void ferry_ofi_context_close(ferry_ofi_t *ofi)
         ofi->target_cq = NULL;
         ofi->domain = NULL;
         ofi->fabric = NULL;
+        ofi->target_cntr = NULL; /* bound to the target endpoint, kept with it */
     }
     close_fid(ofi->target_ep ? &ofi->target_ep->fid : NULL, "target endpoint");
     close_fid(ofi->target_av ? &ofi->target_av->fid : NULL, "target address vector");
     close_fid(ofi->target_cq ? &ofi->target_cq->fid : NULL, "target completion queue");
+    close_fid(ofi->target_cntr ? &ofi->target_cntr->fid : NULL, "target counter");
+    ofi->target_cntr = NULL;
     close_fid(ofi->domain ? &ofi->domain->fid : NULL, "domain");
     close_fid(ofi->fabric ? &ofi->fabric->fid : NULL, "fabric");
     ofi->target_ep = NULL;

@@ -58,7 +58,8 @@ static ferry_ofi_lane_t *lane_open(ferry_ofi_t *ofi)
         free(lane);
         return NULL;
     }
-    if (ferry_ofi_endpoint_open(ofi, lane->cq, &lane->av, &lane->ep, "initiator endpoint") !=
+    if (ferry_ofi_endpoint_open(ofi, lane->cq, NULL, &lane->av, &lane->ep,
+                                "initiator endpoint") !=
         FERRY_OK) {
         lane_free(lane);
         return NULL;

@@ -108,25 +108,27 @@ static ferry_ofi_peer_t *table_find(ferry_ofi_t *ofi, const char *endpoint)
     return NULL;
 }
 
-/* Whether a same-host peer's process is gone.  Through its pidfd (one
- * poll, cheap enough before every post: see ferry_ofi_peer_dead's use in
- * ofi_xfer.c), else a look in /proc at most every FERRY_OFI_LIVENESS_MS. */
+/* Whether a same-host peer's process is gone: a poll of its pidfd at most
+ * every FERRY_OFI_PIDFD_US (a clock read otherwise: the look sat on every
+ * submit and post round of a latency loop), else a look in /proc at most
+ * every FERRY_OFI_LIVENESS_MS.  Once seen gone, always gone. */
 int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 {
     if (p->pid == 0)
         return 0;
     if (atomic_load_explicit(&p->dead, memory_order_relaxed))
         return 1;
+    uint64_t now = ferry_ofi_time_us();
+    uint64_t every = p->pidfd >= 0 ? FERRY_OFI_PIDFD_US : FERRY_OFI_LIVENESS_MS * 1000u;
+    uint64_t checked = atomic_load_explicit(&p->checked_us, memory_order_relaxed);
+    if (now - checked < every)
+        return 0;
+    atomic_store_explicit(&p->checked_us, now, memory_order_relaxed);
     int dead;
     if (p->pidfd >= 0) {
         struct pollfd fd = {.fd = p->pidfd, .events = POLLIN};
         dead = poll(&fd, 1, 0) > 0;
     } else {
-        uint64_t now = ferry_ofi_time_ms();
-        uint64_t checked = atomic_load_explicit(&p->checked_ms, memory_order_relaxed);
-        if (now - checked < FERRY_OFI_LIVENESS_MS)
-            return 0;
-        atomic_store_explicit(&p->checked_ms, now, memory_order_relaxed);
         dead = !ferry_process_alive(p->pid, p->start_time);
     }
     if (dead)
@@ -198,7 +200,7 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
         peer_free(fresh);
         return FERRY_ERR_PEER_FAILED; /* never post to a dead incarnation */
     }
-    atomic_init(&fresh->checked_ms, ferry_ofi_time_ms());
+    atomic_init(&fresh->checked_us, ferry_ofi_time_us());
     pthread_mutex_lock(&ofi->lock);
     p = table_find(ofi, peer->endpoint);
     if (p == NULL) {

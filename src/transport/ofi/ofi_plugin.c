@@ -43,10 +43,21 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
     SETTING("NAP", "100", "PROGRESS=wait without a wait fd (shm): microseconds the thread "
             "sleeps between looks at the target endpoint; peers' RMA waits that long at most",
             nap_us, FERRY_SETTING_UINT),
+    SETTING("SPIN", "1000", "PROGRESS=wait: microseconds the progress thread keeps polling "
+            "after its last event (a completion, a peer's RMA served, a wakeup) before it backs "
+            "off or sleeps, so that a stream of requests never waits for a wakeup",
+            spin_us, FERRY_SETTING_UINT),
     SETTING("HMEM", "n", "ask the provider for FI_HMEM, so that cuda:N and rocm:N buffers get "
             "keys (untested: no provider here offers it)", hmem, FERRY_SETTING_BOOL),
 };
 const size_t ferry_ofi_settings_count = FERRY_OFI_ARRAY_SIZE(ferry_ofi_settings_table);
+
+uint64_t ferry_ofi_time_us(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+}
 
 uint64_t ferry_ofi_time_ms(void)
 {
@@ -153,6 +164,10 @@ static ferry_status_t parse_settings(ferry_ofi_t *ofi)
     }
     if (s->window < 1) {
         ferry_error("FERRY_OFI_WINDOW must be at least 1");
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (s->spin_us > 1000000) {
+        ferry_error("FERRY_OFI_SPIN=%u is above 1 s", s->spin_us);
         return FERRY_ERR_INVALID_PARAM;
     }
     if (s->nap_us > 1000000) {

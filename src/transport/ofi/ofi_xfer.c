@@ -341,6 +341,16 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
     return (unsigned)n;
 }
 
+/* RMA the target served since the last look (0 without a counter). */
+static unsigned target_served(ferry_ofi_t *ofi)
+{
+    if (ofi->target_cntr == NULL)
+        return 0;
+    uint64_t served = fi_cntr_read(ofi->target_cntr);
+    uint64_t seen = atomic_exchange_explicit(&ofi->target_served, served, memory_order_relaxed);
+    return served != seen;
+}
+
 unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
 {
     struct fid_cq *cq = ofi->target_cq;
@@ -348,6 +358,8 @@ unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
         return 0;
     struct fi_cq_entry entries[4];
     ssize_t n = fi_cq_read(cq, entries, 4);
+    if (n == -FI_EAGAIN)
+        return target_served(ofi);
     if (n == -FI_EAVAIL) {
         struct fi_cq_err_entry err = {0};
         if (fi_cq_readerr(cq, &err, 0) == 1)
