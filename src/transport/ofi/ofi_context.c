@@ -470,10 +470,11 @@ ferry_status_t ferry_ofi_context_start(ferry_ofi_t *ofi)
         return FERRY_ERR_NO_RESOURCE;
     }
     ofi->thread_started = 1;
-    ferry_info("ofi: provider %s (%s), mr_mode 0x%x, window %u, writes %s-complete%s", prov,
+    ferry_info("ofi: provider %s (%s), mr_mode 0x%x, window %u, writes %s-complete%s%s", prov,
                ofi->software ? "software" : "hardware", ofi->mr_mode, ofi->window,
                ofi->write_flags == FI_DELIVERY_COMPLETE ? "delivery" : "transmit",
-               ofi->hmem ? ", FI_HMEM" : "");
+               ofi->hmem ? ", FI_HMEM" : "",
+               ofi->target_cntr ? ", RMA served counted (FI_RMA_EVENT)" : "");
     return FERRY_OK;
 }
 

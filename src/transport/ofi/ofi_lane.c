@@ -244,36 +244,26 @@ static ferry_ofi_op_t *retire(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stop
 
 void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
 {
-    pthread_rwlock_rdlock(&ofi->lane_lock);
-    int current = ofi->lane != NULL && ofi->lane->id == lane_id;
-    pthread_rwlock_unlock(&ofi->lane_lock);
-    if (!current)
-        return;
-    /* Opened before the swap: a fresh rxm lane takes ~230 ms, during which
-     * the old one keeps working for everybody else. */
-    ferry_ofi_lane_t *fresh = lane_open(ofi);
     pthread_rwlock_wrlock(&ofi->lane_lock);
     ferry_ofi_lane_t *old = ofi->lane;
     if (old == NULL || old->id != lane_id) {
-        pthread_rwlock_unlock(&ofi->lane_lock);
-        lane_free(fresh); /* somebody else fenced it first */
+        pthread_rwlock_unlock(&ofi->lane_lock); /* replaced, or being replaced, already */
         return;
     }
     ferry_ofi_op_t *ok = NULL;
     unsigned requeued = 0;
     int parked = 0;
     ferry_ofi_op_t *failed = retire(ofi, old, 0, &ok, &requeued, &parked);
-    ofi->lane = fresh;
+    /* No lane while the fresh one opens (a fresh rxm lane takes ~230 ms):
+     * pumps leave ops pending meanwhile, and the silent peer's ops fail
+     * now rather than after the opening. */
+    ofi->lane = NULL;
     atomic_fetch_add(&ofi->lanes_closed, 1);
     pthread_rwlock_unlock(&ofi->lane_lock);
 
     unsigned failed_count = 0;
     for (ferry_ofi_op_t *op = failed; op != NULL; op = op->next)
         failed_count++;
-    ferry_warn("ofi: lane %llu %s (%s): %u operations of failed peers fail, %u of other "
-               "peers are posted again on %s", (unsigned long long)lane_id,
-               parked ? "parked" : "closed", why, failed_count, requeued,
-               fresh != NULL ? "a fresh lane" : "no lane (opening one failed)");
     ferry_ofi_ops_finish(ofi, ok, FERRY_OK);
     /* each failed op's peer says why (its first failure's status) */
     while (failed != NULL) {
@@ -286,7 +276,21 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
         pthread_mutex_unlock(&op->peer->lock);
         ferry_ofi_ops_finish(ofi, op, status);
     }
-    if (fresh == NULL) {
+
+    ferry_ofi_lane_t *fresh = lane_open(ofi);
+    pthread_rwlock_wrlock(&ofi->lane_lock);
+    if (fresh != NULL && !atomic_load(&ofi->stop) && ofi->lane == NULL) {
+        ofi->lane = fresh;
+        fresh = NULL;
+    }
+    int swapped = fresh == NULL && ofi->lane != NULL;
+    pthread_rwlock_unlock(&ofi->lane_lock);
+    lane_free(fresh); /* stopping meanwhile: not wanted */
+    ferry_warn("ofi: lane %llu %s (%s): %u operations of failed peers fail, %u of other "
+               "peers are posted again on %s", (unsigned long long)lane_id,
+               parked ? "parked" : "closed", why, failed_count, requeued,
+               swapped ? "a fresh lane" : "no lane (opening one failed, or the engine stops)");
+    if (!swapped) {
         /* nothing can be posted: every peer with ops fails them */
         size_t count = 0;
         ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);

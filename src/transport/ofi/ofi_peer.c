@@ -312,6 +312,12 @@ ferry_ofi_peer_t **ferry_ofi_peers_busy(ferry_ofi_t *ofi, size_t *count_p)
     return busy;
 }
 
+/* The sweep fails the peers found gone and those whose ops were never
+ * accepted; of the peers silent with ops posted it fences for one only,
+ * the one silent longest: on shm one stuck peer holds back the write
+ * completions of every peer of the lane (one in-order response queue), so
+ * the others look silent too until the fence posts their ops again with
+ * a fresh deadline.  A second silent peer is caught a timeout later. */
 void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
 {
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0)
@@ -320,6 +326,9 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
     ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
     uint64_t now = ferry_ofi_time_ms();
     unsigned timeout = ofi->settings.timeout_ms;
+    ferry_ofi_peer_t *silent = NULL;
+    uint64_t silent_since = UINT64_MAX;
+    char what[96];
     for (size_t i = 0; i < count; i++) {
         ferry_ofi_peer_t *p = busy[i];
         pthread_mutex_lock(&p->lock);
@@ -327,28 +336,38 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
         int late = timeout != 0 && p->posted + p->pending != 0 &&
                    now > p->last_activity_ms + timeout;
         int accepted = p->posted != 0;
-        uint64_t lane_id = p->lane_id;
+        uint64_t since = p->last_activity_ms;
         pthread_mutex_unlock(&p->lock);
-        char what[96];
         if (ok && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
-            /* shm: a killed peer leaves no error entry, only silence, and
-             * its stuck delivery-complete write holds back every later
-             * write completion on the lane (one in-order response queue).
+            /* shm: a killed peer leaves no error entry, only silence.
              * Not looked up on tcp;ofi_rxm, whose reset reports it. */
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
-        } else if (late && ok) {
-            snprintf(what, sizeof(what), "%s for %u ms",
-                     accepted ? "no completion" : "posts refused", timeout);
+        } else if (late && !accepted && ok) {
+            snprintf(what, sizeof(what), "posts refused for %u ms", timeout);
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
-        } else if (late && accepted) {
-            /* failed by a CQ error entry, yet some of its posted ops never
-             * came back: only a fence ends them */
+        } else if (late && accepted && since < silent_since) {
+            /* ok: silent; failed by a CQ error entry: some of its posted
+             * ops never came back.  Either way only a fence ends them. */
+            silent = p;
+            silent_since = since;
+        }
+    }
+    if (silent != NULL) {
+        pthread_mutex_lock(&silent->lock);
+        int ok = silent->state == FERRY_OFI_PEER_OK;
+        uint64_t lane_id = silent->lane_id;
+        pthread_mutex_unlock(&silent->lock);
+        if (ok) {
+            snprintf(what, sizeof(what), "no completion for %u ms", timeout);
+            ferry_ofi_peer_fail(silent, FERRY_ERR_PEER_FAILED, what, 0);
+        } else {
             snprintf(what, sizeof(what), "a failed peer's operations unanswered for %u ms",
                      timeout);
             ferry_ofi_lane_fence(ofi, lane_id, what);
         }
-        ferry_ofi_peer_put(p);
     }
+    for (size_t i = 0; i < count; i++)
+        ferry_ofi_peer_put(busy[i]);
     free(busy);
 }
 
