@@ -200,23 +200,27 @@ unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
             continue;
         }
         ferry_ofi_posted_unlink(p, op);
-        if (ret == -FI_EAGAIN) {
+        if (ret == -FI_EAGAIN && p->state == FERRY_OFI_PEER_OK) {
             ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
             break;
         }
+        /* refused; or the peer failed meanwhile (its pending ops are
+         * failed already: this one would stay pending for good) */
         ferry_ofi_op_release_local(op);
         op->next = failed;
         failed = op;
-        failed_status = ferry_ofi_status(ret);
+        failed_status = ret == -FI_EAGAIN ? p->why : ferry_ofi_status(ret);
+        if (ret == -FI_EAGAIN)
+            break;
         refused = ret;
     }
     p->pumping = 0;
     pthread_mutex_unlock(&p->lock);
     pthread_rwlock_unlock(&ofi->lane_lock);
-    if (failed != NULL) {
+    if (refused != 0)
         ferry_error("ofi: posting to %.80s: %s", p->endpoint, fi_strerror(-refused));
+    if (failed != NULL)
         ferry_ofi_ops_finish(ofi, failed, failed_status);
-    }
     if (gone)
         ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
     return count;
