@@ -43,22 +43,30 @@
  * finished), one per caller between ferry_ofi_peer_get (or the busy list)
  * and ferry_ofi_peer_put.  A peer stays in ofi->peers until its last
  * reference goes (so a fence finds every op, a forgotten peer's too); the
- * last put unlinks it under ofi->lock, removes its address from the lane
- * when nothing of it can be posted any more, and frees it.  Lists taken
- * under ofi->lock reference a peer only if its refs are not already 0.
+ * last put unlinks it under ofi->lock and frees it.  Its address stays in
+ * the lane's AV (never fi_av_remove: ofi_peer.c).  Lists taken under
+ * ofi->lock reference a peer only if its refs are not already 0.
  *
  * Lane references: none are counted.  ofi->lane is read only under
  * lane_lock: read-held by whoever posts on it or reads its CQ (submit's
  * pump, the progress op, the thread) for the length of those calls, never
  * across a wait; write-held by the fence and by stop, which swap or close
  * it.  So no one can be inside the old lane when it is closed, and a
- * posted op records the lane id it was posted on (not a pointer).
+ * posted op records the lane id it was posted on (not a pointer).  Across
+ * a swap: the fence holds the write lock while it closes the old lane and
+ * sorts its ops, sets ofi->lane to NULL (posts then leave ops pending, CQ
+ * reads find nothing), drops the lock, finishes the failed ops, opens the
+ * fresh lane with no lock held, and installs it under the write lock
+ * again.  The old lane's memory is freed by the fence (or kept in
+ * ofi->parked) once the write lock has shut everybody out of it; the
+ * thread, submit and the progress op only ever hold ofi->lane under the
+ * read lock, so none can still point at it.
  *
  * Locks, in the order they are taken:
  *   ferry_ofi_t.lane_lock (rwlock)  ofi->lane (pointer and endpoint);
- *                                   read: post, CQ read, fi_av_insert and
- *                                   fi_av_remove (FI_THREAD_SAFE); write:
- *                                   swap or close the lane.
+ *                                   read: post, CQ read, fi_av_insert
+ *                                   (FI_THREAD_SAFE); write: swap or close
+ *                                   the lane.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
  *   peer->lock (mutex)              posted and pending lists and counts,
  *                                   state, why, last_activity_ms,
