@@ -211,6 +211,9 @@ struct ferry_ofi {
     int software;            /* a software provider (tcp, shm, ...) */
     int silent_deaths;       /* a dead peer gives no CQ error (shm): the sweep
                                 looks a same-host peer up (pidfd) */
+    int target_copies;       /* the target moves a write's bytes (shm: its CMA
+                                copy), so a busy initiator may back off; on
+                                rxm our own CQ reads move them */
     int mr_mode;             /* info->domain_attr->mr_mode */
     int hmem;                /* FI_HMEM asked and offered */
     unsigned window;         /* min(settings.window, tx_attr->size) */

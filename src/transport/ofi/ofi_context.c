@@ -180,6 +180,7 @@ static ferry_status_t choose_provider(ferry_ofi_t *ofi)
     ofi->mr_mode = ofi->info->domain_attr->mr_mode;
     ofi->software = ferry_ofi_provider_is_software(ofi->info->fabric_attr->prov_name);
     ofi->silent_deaths = strcmp(ofi->info->fabric_attr->prov_name, "shm") == 0;
+    ofi->target_copies = ofi->silent_deaths;
     ofi->park_on_silence = strstr(ofi->info->fabric_attr->prov_name, "ofi_rxm") != NULL;
     size_t tx = ofi->info->tx_attr->size;
     ofi->window = tx != 0 && tx < ofi->settings.window ? (unsigned)tx : ofi->settings.window;
@@ -378,15 +379,17 @@ typedef struct pace {
 } pace_t;
 
 /* Nothing happened in this look: keep polling during the spin window after
- * the last event, then back off in growing naps (from 1 us: ops posted up
- * to 64 us, idle up to FERRY_OFI_NAP), or sleep on the target CQ's fd when
- * idle and the provider has one.  A peer's RMA, a submit or a caller's
+ * the last event (and while ops are posted where our own CQ reads move
+ * their bytes: rxm), then back off in growing naps (from 1 us: ops posted
+ * up to 64 us, idle up to FERRY_OFI_NAP), or sleep on the target CQ's fd
+ * when idle and the provider has one.  A peer's RMA, a submit or a caller's
  * progress_leave ends a nap or sleep. */
 static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 {
     int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
     uint64_t now = ferry_ofi_time_us();
-    if (ofi->poll_mode || now - pace->last_event_us < ofi->settings.spin_us) {
+    if (ofi->poll_mode || now - pace->last_event_us < ofi->settings.spin_us ||
+        (busy && !ofi->target_copies)) {
         sched_yield();
         return;
     }
