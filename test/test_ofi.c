@@ -67,6 +67,9 @@ static void kill_peer(peer_process_t *peer)
 }
 
 static ferry_engine_h engine;
+/* A peer the test stopped (SIGSTOP): killed by stop() even when an
+ * assertion ended the test first, so that no frozen process outlives it. */
+static pid_t stopped_peer;
 static unsigned char *local;
 static size_t local_size = 72 * MIB;
 
@@ -90,6 +93,11 @@ static void start(const char *provider)
 
 static void stop(void)
 {
+    if (stopped_peer > 0) {
+        kill(stopped_peer, SIGKILL);
+        shm_regions_of(stopped_peer, 1);
+    }
+    stopped_peer = 0;
     if (engine)
         ferry_engine_destroy(engine);
     engine = NULL;
@@ -316,6 +324,8 @@ static void *kill_later(void *arg)
     struct killer *k = arg;
     usleep(k->delay_ms * 1000);
     k->at = now();
+    if (k->sig == SIGSTOP)
+        stopped_peer = k->victim->pid;
     kill(k->victim->pid, k->sig);
     return NULL;
 }
@@ -784,8 +794,10 @@ static void victim_among_healthy(const char *provider, int sig)
                                     .length = 64 * MIB};
     ferry_batch_h victim_batch;
     cr_assert_eq(ferry_batch_create(engine, N, &victim_batch), FERRY_OK);
-    if (sig == SIGSTOP)
+    if (sig == SIGSTOP) {
+        stopped_peer = victim.pid;
         kill(victim.pid, SIGSTOP); /* before: every write is surely caught */
+    }
     double hurt_at = now();
     cr_assert_eq(ferry_batch_submit(victim_batch, reqs, N), FERRY_OK);
     if (sig == SIGKILL) {
