@@ -700,8 +700,11 @@ static void many_peers(const char *provider)
             "peer connected (FI_OFI_RXM_MSG_RX_SIZE=%s, FI_OFI_RXM_BUFFER_SIZE=%s)\n", provider, n,
             engine_kib, total_kib, getenv("FI_OFI_RXM_MSG_RX_SIZE"),
             getenv("FI_OFI_RXM_BUFFER_SIZE"));
-    /* two endpoints at most: rxm's defaults cost ~93 MiB each */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* two endpoints at most: rxm's defaults cost ~93 MiB each (the
+     * sanitizers' shadow memory would swamp it) */
     cr_assert_lt(total_kib, 300 * 1024, "%ld KiB for %u peers", total_kib, n);
+#endif
     for (unsigned i = 0; i < n; i++) {
         ferry_segment_close(engine, segments[i]);
         peer_stop(&peers[i]);
@@ -794,13 +797,22 @@ static void victim_among_healthy(const char *provider, int sig)
                                     .length = 64 * MIB};
     ferry_batch_h victim_batch;
     cr_assert_eq(ferry_batch_create(engine, N, &victim_batch), FERRY_OK);
+    /* shm (1.17) posts under a spin lock in the peer's region: a peer
+     * killed while it holds it leaves our post spinning for good (seen
+     * under ThreadSanitizer; README.md, "Faults").  So a shm victim dies
+     * before its requests, as in killed_peer_over_shm; its pidfd says so. */
+    int kill_first = sig == SIGKILL && strcmp(provider, SHM) == 0;
+    if (kill_first) {
+        kill(victim.pid, SIGKILL);
+        usleep(50 * 1000);
+    }
     if (sig == SIGSTOP) {
         stopped_peer = victim.pid;
         kill(victim.pid, SIGSTOP); /* before: every write is surely caught */
     }
     double hurt_at = now();
     cr_assert_eq(ferry_batch_submit(victim_batch, reqs, N), FERRY_OK);
-    if (sig == SIGKILL) {
+    if (sig == SIGKILL && !kill_first) {
         usleep(20 * 1000);
         hurt_at = now();
         kill(victim.pid, SIGKILL);

@@ -322,6 +322,11 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
 {
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0)
         return;
+    pthread_rwlock_rdlock(&ofi->lane_lock);
+    int opening = ofi->lane == NULL; /* a fence opens a fresh one: nothing can be posted */
+    pthread_rwlock_unlock(&ofi->lane_lock);
+    if (opening)
+        return;
     size_t count = 0;
     ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
     uint64_t now = ferry_ofi_time_ms();
