@@ -347,29 +347,22 @@ static void wait_wake(ferry_ofi_t *ofi, unsigned us)
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
 }
 
-/* Sleep until the target CQ or a submit wakes us, at most timeout_ms;
- * returns whether the target CQ's fd woke us (a peer's RMA arrived). */
-static int sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
+/* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
+static void sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 {
     atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
-    int woken = 0;
     struct fid *cq = &ofi->target_cq->fid;
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0 &&
         !atomic_load_explicit(&ofi->stop, memory_order_acquire) &&
         fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
         struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN},
                                 {.fd = ofi->target_fd, .events = POLLIN}};
-        if (poll(fds, 2, timeout_ms) > 0) {
-            uint64_t count;
-            if ((fds[0].revents & POLLIN) && read(ofi->wake_fd, &count, sizeof(count)) < 0)
-                count = 0;
-            woken = (fds[1].revents & POLLIN) != 0;
-        }
-    } else {
-        woken = 1; /* the CQ has something: read it */
-    }
+        uint64_t count;
+        if (poll(fds, 2, timeout_ms) > 0 && (fds[0].revents & POLLIN) &&
+            read(ofi->wake_fd, &count, sizeof(count)) < 0)
+            count = 0;
+    } /* else the CQ has something: read it */
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
-    return woken;
 }
 
 /* The thread's state between looks. */
@@ -378,31 +371,37 @@ typedef struct pace {
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
 } pace_t;
 
-/* Nothing happened in this look: keep polling during the spin window after
- * the last event (and while ops are posted where our own CQ reads move
- * their bytes: rxm), then back off in growing naps (from 1 us: ops posted
- * up to 64 us, idle up to FERRY_OFI_NAP), or sleep on the target CQ's fd
- * when idle and the provider has one.  A peer's RMA, a submit or a caller's
+/* Nothing happened in this look.  While ops are posted where our own CQ
+ * reads move their bytes (rxm): keep polling, yielding.  Idle with a wait
+ * fd (rxm): sleep on it.  Without one (shm): keep polling for the spin
+ * window after the last event (RMA served counts), then back off in
+ * growing naps (from 1 us: ops posted up to 64 us, idle up to
+ * FERRY_OFI_NAP).  A peer's RMA (fd), a submit or a caller's
  * progress_leave ends a nap or sleep. */
 static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 {
     int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
-    uint64_t now = ferry_ofi_time_us();
-    if (ofi->poll_mode || now - pace->last_event_us < ofi->settings.spin_us ||
-        (busy && !ofi->target_copies)) {
+    if (ofi->poll_mode || (busy && !ofi->target_copies)) {
         sched_yield();
         return;
     }
     if (!busy && ofi->target_fd >= 0) {
+        /* A peer's RMA wakes the fd: no spin window (on this shared
+         * 2-core host, spinning after each event made an 8 B write over
+         * tcp;ofi_rxm take 80 us with sched_yield and 0.3-2 ms without,
+         * against ~45 us sleeping on the fd) */
         unsigned timeout = ofi->settings.timeout_ms / 4;
-        if (sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout))
-            pace->last_event_us = ferry_ofi_time_us();
+        sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
         pace->nap_us = 0;
+        return;
+    }
+    if (ferry_ofi_time_us() - pace->last_event_us < ofi->settings.spin_us) {
+        sched_yield();
         return;
     }
     unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
     pace->nap_us = pace->nap_us ? FERRY_OFI_MIN(pace->nap_us * 2, most) : 1;
-    wait_wake(ofi, pace->nap_us ? pace->nap_us : 1);
+    wait_wake(ofi, pace->nap_us);
 }
 
 /* Polls while ops are posted or pending (manual progress: on tcp;ofi_rxm

@@ -43,9 +43,10 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
     SETTING("NAP", "100", "PROGRESS=wait without a wait fd (shm): microseconds the thread "
             "sleeps between looks at the target endpoint; peers' RMA waits that long at most",
             nap_us, FERRY_SETTING_UINT),
-    SETTING("SPIN", "1000", "PROGRESS=wait: microseconds the progress thread keeps polling "
-            "after its last event (a completion, a peer's RMA served, a wakeup) before it backs "
-            "off or sleeps, so that a stream of requests never waits for a wakeup",
+    SETTING("SPIN", "1000", "PROGRESS=wait on a provider without a wait fd (shm): "
+            "microseconds the progress thread keeps polling after its last event (a "
+            "completion, a peer's RMA served) before it backs off, so that a stream of "
+            "requests never waits for a nap",
             spin_us, FERRY_SETTING_UINT),
     SETTING("HMEM", "n", "ask the provider for FI_HMEM, so that cuda:N and rocm:N buffers get "
             "keys (untested: no provider here offers it)", hmem, FERRY_SETTING_BOOL),
