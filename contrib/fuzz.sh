@@ -43,6 +43,7 @@ libs() {
 }
 
 descriptor_sources="src/core/descriptor.c src/core/descriptor_compact.c src/core/descriptor_pool.c"
+descriptor_sources="$descriptor_sources src/core/storage_key.c src/core/descriptor_blob.c"
 # harness -> the sources it needs (besides test/fuzz/fuzz_NAME.c and
 # fuzz_common.c) and the libraries to link
 sources() {

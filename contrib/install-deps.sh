@@ -8,6 +8,8 @@ packages="build-essential autoconf automake libtool pkg-config libjansson-dev"
 packages="$packages libcurl4-openssl-dev libhiredis-dev libmicrohttpd-dev"
 # transports: the UCX module, the libfabric module
 packages="$packages libucx-dev libfabric-dev"
+# the file transport's io_uring engine (without it: pread/pwrite threads)
+packages="$packages liburing-dev"
 # MPI jobs: the pmix module, the ferry_osu_* benchmarks and MPI tests
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
@@ -21,10 +23,16 @@ if [ "$what" = test ]; then
     packages="$packages libamdhip64-dev"
     # test_netns: two network namespaces joined by a veth (ip netns, ip link)
     packages="$packages iproute2"
+    # test_storage attaches a loop device (losetup); bench-file-vs-fio.sh runs fio
+    packages="$packages mount fio"
     # servers the metadata tests start themselves, on free loopback ports
     packages="$packages etcd-server etcd-client redis-server"
     # a single-node Slurm for the srun tests (contrib/slurm-single-node.sh)
     packages="$packages slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge"
+    # the Python package's tests (python/tests): headers, pytest, numpy, torch
+    # (CPU) and mpi4py for Debian's /usr/bin/python3
+    packages="$packages python3-dev python3-setuptools python3-pytest python3-numpy"
+    packages="$packages python3-torch python3-mpi4py"
 fi
 missing=""
 for p in $packages; do

@@ -14,6 +14,7 @@
  *   valloc LEN KIND:N (device memory from the vendor itself, not registered: replies
  *     ALLOC <hex address>)   vfree 0xADDRESS
  *   areg 0xADDRESS LEN [r|w|rw]   aunreg 0xADDRESS (absolute addresses, location "*")
+ *   blob PATH (ferry_engine_export_blob written to the file PATH)
  * Offsets are relative to the arena.  Replies: OK, ERR <status>, BAD <index>,
  * SUM <hex>, NOTIFY <from> <text>, NONE, ALLOC <hex>.
  * FERRY_TEST_PEER_NETNS=NAME: the peer first joins network namespace NAME
@@ -131,6 +132,27 @@ static uint64_t mem_do_seen(enum mem_op op, unsigned char *p, size_t length, uns
     return result;
 }
 
+/* The engine's segment blob into the file at path. */
+static ferry_status_t write_blob(ferry_engine_h engine, const char *path)
+{
+    size_t length = 0;
+    ferry_status_t status = ferry_engine_export_blob(engine, NULL, 0, &length);
+    unsigned char *blob = status == FERRY_OK ? malloc(length) : NULL;
+    if (blob == NULL)
+        return status != FERRY_OK ? status : FERRY_ERR_NO_MEMORY;
+    status = ferry_engine_export_blob(engine, blob, length, &length);
+    FILE *file = status == FERRY_OK ? fopen(path, "wb") : NULL;
+    if (status == FERRY_OK && file == NULL)
+        status = FERRY_ERR_IO;
+    if (file != NULL) {
+        size_t wrote = fwrite(blob, 1, length, file);
+        if (fclose(file) != 0 || wrote != length)
+            status = FERRY_ERR_IO;
+    }
+    free(blob);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     size_t arena_size = argc > 1 ? strtoull(argv[1], NULL, 0) : ((size_t)80 << 20);
@@ -230,6 +252,23 @@ int main(int argc, char **argv)
             unsigned flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
                              (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0);
             status = ferry_register(engine, (void *)(uintptr_t)a, (size_t)b, "*", flags);
+        } else if (strcmp(cmd, "sreg") == 0 && n == 4) {
+            /* sreg OFFSET LENGTH OPTIONS PATH [r|w|rw]: a storage buffer */
+            char path[300] = "";
+            sscanf(line, "%*s %*s %*s %*s %299s %7s", path, mode);
+            ferry_storage_region_t region = {
+                .field_mask = FERRY_STORAGE_FIELD_OFFSET | FERRY_STORAGE_FIELD_LENGTH |
+                              FERRY_STORAGE_FIELD_OPTIONS | FERRY_STORAGE_FIELD_FLAGS,
+                .path = path, .offset = a, .length = b, .options = (unsigned)c,
+                .flags = (strchr(mode, 'r') ? FERRY_REG_REMOTE_READ : 0) |
+                         (strchr(mode, 'w') ? FERRY_REG_REMOTE_WRITE : 0)};
+            void *addr = NULL;
+            status = ferry_register_storage(engine, &region, &addr);
+            if (status == FERRY_OK) {
+                printf("SREG %" PRIxPTR "\n", (uintptr_t)addr);
+                fflush(stdout);
+                continue;
+            }
         } else if (strcmp(cmd, "aunreg") == 0) {
             status = ferry_unregister(engine, (void *)(uintptr_t)a);
         } else if (strcmp(cmd, "free") == 0) {
@@ -274,6 +313,10 @@ int main(int argc, char **argv)
             fflush(stdout);
             notify_check(engine, a, arena + b, (size_t)c, seed);
             continue;
+        } else if (strcmp(cmd, "blob") == 0) {
+            char path[400] = "";
+            sscanf(line, "%*s %399s", path);
+            status = write_blob(engine, path);
         } else if (strcmp(cmd, "quit") == 0) {
             break;
         } else {

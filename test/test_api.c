@@ -105,7 +105,7 @@ Test(api, missing_plugins_are_named_errors)
                               .metadata = "nosuchstore://127.0.0.1:1"};
     cr_assert_eq(ferry_engine_create(&config, &engine), FERRY_ERR_PLUGIN_NOT_FOUND);
     config = (ferry_config_t){.field_mask = FERRY_CONFIG_FIELD_TRANSPORTS,
-                              .transports = "^tcp,shm,ucx"};
+                              .transports = "^tcp,shm,ucx,file"};
     cr_assert_neq(ferry_engine_create(&config, &engine), FERRY_OK, "no transport left");
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "netns_pair.h"
 #include "one_request.h"
@@ -301,4 +302,44 @@ Test(netns, equal_host_identity_takes_shm)
 Test(netns, default_host_identity_is_the_kernel)
 {
     one_host(NULL);
+}
+
+/* A storage buffer (ferry_register_storage) of a peer on another host: tcp
+ * serves it across the veth, the peer reading and writing its file; the
+ * file transport does not take it (that path here is another host's). */
+Test(netns, storage_buffer_served_by_tcp_across_hosts)
+{
+    start("file,tcp", "host-a", "host-b", 0, NULL);
+    char path[] = "/tmp/ferry-netns-storage-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)(4 * MIB)), 0);
+    uintptr_t addr = 0;
+    const char *reply = peer_cmd(&peer, "sreg %zu %zu 0 %s rw", MIB, 2 * MIB, path);
+    int registered = sscanf(reply, "SREG %" SCNxPTR, &addr) == 1;
+    test_pattern_fill(local, MIB + 3, 61);
+    link_bytes_t before = read_link_bytes();
+    ferry_xfer_status_t xs = {0};
+    ferry_status_t wrote = registered ? one_request(engine, FERRY_OP_WRITE, local, segment,
+                                                    addr + 5, MIB + 3, &xs)
+                                      : FERRY_ERR_INVALID_PARAM;
+    link_bytes_t after = read_link_bytes();
+    unsigned char *check = malloc(MIB + 3);
+    ssize_t got = pread(fd, check, MIB + 3, (off_t)(MIB + 5));
+    size_t bad = test_pattern_check(check, MIB + 3, 61);
+    memset(local + 2 * MIB, 0, MIB + 3);
+    ferry_status_t read = registered ? one_request(engine, FERRY_OP_READ, local + 2 * MIB,
+                                                   segment, addr + 5, MIB + 3, NULL)
+                                     : FERRY_ERR_INVALID_PARAM;
+    close(fd);
+    unlink(path);
+    free(check);
+    cr_assert(registered, "%s", reply);
+    cr_assert_eq(wrote, FERRY_OK);
+    cr_assert_str_eq(xs.transport, "tcp");
+    cr_assert_geq(after.tx[0] - before.tx[0], MIB, "the write did not cross the veth");
+    cr_assert_eq(got, (ssize_t)(MIB + 3));
+    cr_assert_eq(bad, SIZE_MAX, "the file holds other bytes at %zu", bad);
+    cr_assert_eq(read, FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + 2 * MIB, MIB + 3, 61), SIZE_MAX);
 }

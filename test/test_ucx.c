@@ -753,6 +753,30 @@ Test(ucx, notify_arrives_through_ucx_after_the_data)
     peer_stop(&peer);
 }
 
+/* ferry_notify_send returns once the owner queued the notify (ferry.h): the
+ * owner's first look finds it, every time, with no wait.  (UCX's completion
+ * of the send alone means the bytes reached the owner's receive queue, which
+ * its progress thread may not have read yet.) */
+Test(ucx, notify_is_queued_at_the_owner_when_send_returns)
+{
+    start("sm,self", "ucx");
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 4096"), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    char expected[512], msg[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(msg, sizeof(msg), "n%d", i);
+        cr_assert_eq(ferry_notify_send(engine, segment, msg, strlen(msg)), FERRY_OK);
+        snprintf(expected, sizeof(expected), "NOTIFY %s %s", ferry_engine_segment_name(engine),
+                 msg);
+        cr_assert_str_eq(peer_cmd(&peer, "notify 0"), expected, "notify %d", i);
+    }
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+}
+
 /* What ferry_info ARGS prints with ENV before it ("NAME=VALUE ..."). */
 static const char *info_output(const char *env, const char *args)
 {

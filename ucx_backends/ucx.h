@@ -48,7 +48,8 @@
 #define FERRY_UCX_THREAD_STACK (512u << 10)
 /* Active message ids of this plugin. */
 enum {
-    FERRY_UCX_AM_NOTIFY = 0x4652, /* header: sender's segment name; data: the message */
+    /* header: the acknowledgement's id, then the sender's segment name; data: the message */
+    FERRY_UCX_AM_NOTIFY = 0x4652,
     FERRY_UCX_AM_HELLO = 0x4653,  /* header: the initiator's RPC host:port */
     FERRY_UCX_AM_WRITE = 0x4657,  /* header: address and id; data: the bytes (ucx_eager.c) */
     FERRY_UCX_AM_WRITE_ACK = 0x4658, /* header: id and the target's status */
@@ -420,6 +421,15 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t 
  * before its last eager write asks for its acknowledgement now.  Caller
  * holds ep->lock. */
 void ferry_ucx_eager_run_end(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group);
+/* Acknowledgements (eager writes, notifies): a new entry in the worker's
+ * table that counts once in the group until the answer with its id comes,
+ * or the endpoint closes (0: out of memory, nothing counted); forget: the
+ * message asking for it was never sent, so its count is finished here
+ * unless the endpoint's close did so already; send: the target's answer,
+ * status the refusal (FERRY_OK: done). */
+uint64_t ferry_ucx_ack_expect(ferry_ucx_group_t *group);
+void ferry_ucx_ack_forget(ferry_ucx_group_t *group, uint64_t id, ucs_status_t status);
+void ferry_ucx_ack_send(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status);
 /* The endpoint closed: its eager writes still waiting fail. */
 void ferry_ucx_eager_fail_ep(ferry_ucx_ep_t *ep);
 ferry_status_t ferry_ucx_eager_register(ferry_ucx_worker_t *w);

@@ -4,6 +4,14 @@
  * unregister invalidates our cached descriptor whatever the metadata store.
  * Both are eager (a single message delivered in the target's progress
  * thread); the engine sends a batch's notify only once its data completed.
+ *
+ * A notify is answered: the target's handler queues it with its engine and
+ * then sends the acknowledgement eager writes use (ucx_eager.c), so
+ * ferry_notify_send and ferry_batch_wait return once the owner has it
+ * queued, as ferry.h says.  UCX's completion of the send, or of a flush
+ * behind it, means only that the bytes reached the peer's receive queue
+ * (its FIFO, its socket): a receiver polling right after a barrier could
+ * find nothing yet (seen once in four mpi4py runs).
  */
 #include "ucx.h"
 
@@ -11,8 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+/* The active message's header is the acknowledgement's id followed by the
+ * sender's segment name; the message is the data. */
 typedef struct notify_payload {
-    char header[FERRY_UCX_NAME_MAX + 1];
+    uint64_t id;
+    char from[FERRY_UCX_NAME_MAX + 1];
     unsigned char msg[];
 } notify_payload_t;
 
@@ -24,24 +35,38 @@ static size_t copy_text(char *dst, size_t cap, const void *src, size_t length)
     return n;
 }
 
-static ucs_status_t notify_received(void *arg, const void *header, size_t header_length,
-                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+/* The notify's refusal (FERRY_OK: queued with our engine). */
+static ferry_status_t notify_deliver(ferry_ucx_worker_t *w, const char *from, const void *data,
+                                     size_t length, const ucp_am_recv_param_t *param)
 {
-    ferry_ucx_worker_t *w = arg;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         /* Our notifies are eager; returning without receiving drops it. */
         ferry_warn("ucx: dropped a rendezvous notify of %zu bytes", length);
-        return UCS_OK;
+        return FERRY_ERR_INVALID_PARAM;
     }
     if (length > FERRY_NOTIFY_MAX) {
         ferry_warn("ucx: dropped a notify of %zu bytes (FERRY_NOTIFY_MAX is %d)", length,
                    FERRY_NOTIFY_MAX);
-        return UCS_OK;
+        return FERRY_ERR_INVALID_PARAM;
     }
-    char from[FERRY_UCX_NAME_MAX + 1];
-    copy_text(from, sizeof(from), header, header_length);
     if (w->ucx->svc.notify_deliver != NULL)
         w->ucx->svc.notify_deliver(w->ucx->svc.engine, from, data, length);
+    return FERRY_OK;
+}
+
+static ucs_status_t notify_received(void *arg, const void *header, size_t header_length,
+                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ferry_ucx_worker_t *w = arg;
+    uint64_t id;
+    if (header_length < sizeof(id) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        ferry_warn("ucx: dropped a malformed notify (%zu-byte header)", header_length);
+        return UCS_OK;
+    }
+    memcpy(&id, header, sizeof(id));
+    char from[FERRY_UCX_NAME_MAX + 1];
+    copy_text(from, sizeof(from), (const char *)header + sizeof(id), header_length - sizeof(id));
+    ferry_ucx_ack_send(param->reply_ep, id, notify_deliver(w, from, data, length, param));
     return UCS_OK;
 }
 
@@ -140,8 +165,9 @@ ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char 
         ferry_ucx_ep_unref(ep);
         return FERRY_ERR_NO_MEMORY;
     }
-    size_t header_length = copy_text(payload->header, sizeof(payload->header),
-                                     from ? from : "", from ? strlen(from) : 0);
+    size_t header_length = sizeof(payload->id) +
+                           copy_text(payload->from, sizeof(payload->from), from ? from : "",
+                                     from ? strlen(from) : 0);
     if (length)
         memcpy(payload->msg, msg, length);
     pthread_mutex_init(&waiter->lock, NULL);
@@ -161,23 +187,32 @@ ferry_status_t ferry_ucx_notify(void *ctx, const ferry_peer_t *peer, const char 
         ferry_ucx_ep_unref(ep);
         return FERRY_ERR_PEER_FAILED;
     }
-    /* The group owns the payload and one waiter reference from here on. */
+    /* The group owns the payload and one waiter reference from here on; it
+     * is done once UCX sent the message and the peer's answer came (or the
+     * endpoint closed). */
     group->payload = payload;
     group->waiter = waiter;
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
-        .cb.send = ferry_ucx_op_done,
-        .user_data = group,
-    };
-    atomic_fetch_add(&group->pending, 1);
-    ucs_status_ptr_t request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_NOTIFY, payload->header,
-                                               header_length, payload->msg, length, &param);
-    if (!UCS_PTR_IS_PTR(request))
-        ferry_ucx_group_unref_op(group, UCS_PTR_STATUS(request));
-    /* The flush completes once the message is in the peer's hands. */
-    ferry_ucx_group_post_flush(group);
+    payload->id = ferry_ucx_ack_expect(group);
+    if (payload->id == 0) {
+        ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY);
+    } else {
+        ucp_request_param_t param = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS,
+            .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+            .cb.send = ferry_ucx_op_done,
+            .user_data = group,
+        };
+        atomic_fetch_add(&group->pending, 1);
+        ucs_status_ptr_t request = ucp_am_send_nbx(ep->ep, FERRY_UCX_AM_NOTIFY, &payload->id,
+                                                   header_length, payload->msg, length, &param);
+        if (!UCS_PTR_IS_PTR(request)) {
+            ucs_status_t status = UCS_PTR_STATUS(request);
+            ferry_ucx_group_unref_op(group, status);
+            if (status != UCS_OK)
+                ferry_ucx_ack_forget(group, payload->id, status);
+        }
+    }
     ferry_lock_release(&ep->lock);
     ferry_ucx_group_unref_op(group, UCS_OK);
 

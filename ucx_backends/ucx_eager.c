@@ -39,7 +39,8 @@
  * with several such lanes every write asks for its own.
  *
  * Initiator: every eager write counts once in its group for UCX's send
- * completion (ferry_ucx_op_done), every acknowledgement once more; an
+ * completion (ferry_ucx_op_done), every acknowledgement once more (a
+ * notify's too: ucx_am.c uses the same table and answer); an
  * acknowledgement is an entry in the worker's table, found by its id.
  * Whoever takes the entry out of the table finishes that count: the
  * acknowledgement, or the endpoint's close (which fails what is still
@@ -234,8 +235,7 @@ static size_t eager_messages_from(const ferry_ucx_ep_t *ep, const ferry_slice_t 
     return count;
 }
 
-/* A new acknowledgement in the worker's table; 0 if out of memory. */
-static uint64_t ack_expect(ferry_ucx_group_t *group)
+uint64_t ferry_ucx_ack_expect(ferry_ucx_group_t *group)
 {
     ferry_ucx_ep_t *ep = group->ep;
     ferry_ucx_worker_t *w = ep->worker;
@@ -286,12 +286,18 @@ static ucs_status_t eager_send(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *gr
         return UCS_OK;
     ucs_status_t status = UCS_PTR_STATUS(request);
     ferry_ucx_group_unref_op(group, status); /* the send's count */
-    ferry_ucx_eager_t *entry;
-    if (status != UCS_OK && ack && (entry = eager_take(ep->worker, id)) != NULL) {
-        free(entry); /* no acknowledgement will come */
-        ferry_ucx_group_unref_op(group, status);
-    }
+    if (status != UCS_OK && ack)
+        ferry_ucx_ack_forget(group, id, status);
     return status;
+}
+
+void ferry_ucx_ack_forget(ferry_ucx_group_t *group, uint64_t id, ucs_status_t status)
+{
+    ferry_ucx_eager_t *entry = eager_take(group->ep->worker, id);
+    if (entry == NULL)
+        return; /* the endpoint's close took it and finished its count */
+    free(entry);
+    ferry_ucx_group_unref_op(group, status);
 }
 
 ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t *group,
@@ -308,7 +314,7 @@ ucs_status_t ferry_ucx_eager_post(ferry_ucx_eager_run_t *run, ferry_ucx_group_t 
     size_t piece = piece_size(group->ep), offset = 0;
     ucs_status_t status;
     do {
-        if (run->open_id == 0 && (run->open_id = ack_expect(group)) == 0) {
+        if (run->open_id == 0 && (run->open_id = ferry_ucx_ack_expect(group)) == 0) {
             ferry_ucx_group_fail(group, UCS_ERR_NO_MEMORY); /* the slice fails with the group */
             return UCS_ERR_NO_MEMORY;
         }
@@ -374,7 +380,7 @@ static ucs_status_t ack_received(void *arg, const void *header, size_t header_le
     return UCS_OK;
 }
 
-static void send_ack(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status)
+void ferry_ucx_ack_send(ucp_ep_h reply_ep, uint64_t id, ferry_status_t status)
 {
     eager_ack_header_t *ack = malloc(sizeof(*ack));
     if (ack == NULL) {
@@ -488,7 +494,7 @@ static ucs_status_t write_received(void *arg, const void *header, size_t header_
             refusal_keep(w, param->reply_ep, hdr.id, status);
         return UCS_OK;
     }
-    send_ack(param->reply_ep, hdr.id, status);
+    ferry_ucx_ack_send(param->reply_ep, hdr.id, status);
     return UCS_OK;
 }
 

@@ -147,6 +147,80 @@ FERRY_API ferry_status_t ferry_segment_refresh(ferry_engine_h engine, const char
 FERRY_API ferry_status_t ferry_segment_describe(ferry_engine_h engine, ferry_segment_h segment,
                                       char **json_p);
 
+/*
+ * Ask whether the engine that owns an opened segment is alive: one request
+ * and reply to the RPC endpoint in the descriptor this engine holds, no
+ * data moved, nothing fetched.  Returns
+ *   FERRY_OK                 its engine answered, the same incarnation we hold
+ *                            (also at once for this engine's own segment);
+ *   FERRY_ERR_TIMEOUT        no answer within timeout_ms: frozen, overloaded,
+ *                            or the network drops packets;
+ *   FERRY_ERR_PEER_FAILED    the connection was refused or reset: nobody
+ *                            listens there any more (killed, exited);
+ *   FERRY_ERR_STALE          another incarnation answers (the owner restarted
+ *                            under the same name and address: a new generation,
+ *                            or it is still starting).  The segment is marked
+ *                            stale: its next request fetches the new descriptor;
+ *   FERRY_ERR_INVALID_HANDLE a bad engine or segment handle;
+ *   another error            FERRY_ERR_PROTOCOL for a garbled answer,
+ *                            FERRY_ERR_UNSUPPORTED when the descriptor names no
+ *                            RPC endpoint.
+ * timeout_ms <= 0 means FERRY_RPC_TIMEOUT.  Bounded: each step of the
+ * exchange (connect, reply) waits at most timeout_ms, so a peer that
+ * accepts but never answers (SIGSTOP) returns TIMEOUT after about
+ * timeout_ms, a dead one at once, and no probe takes more than a small
+ * multiple (3x) of timeout_ms.  Safe from any thread, alongside transfers
+ * to the same segment; it takes no lock that transfers wait for.
+ */
+FERRY_API ferry_status_t ferry_segment_probe(ferry_engine_h engine, ferry_segment_h segment,
+                                             int timeout_ms);
+
+/*
+ * Segment blobs, for applications that exchange metadata themselves (a
+ * router, a launcher, their own sockets) instead of through a metadata
+ * store.
+ *
+ * ferry_engine_export_blob copies this engine's segment descriptor, as a
+ * peer fetching it now would get it, into blob as bytes: a 16-byte header
+ * (magic "FERRYB", version 1, length, checksum) and the compact descriptor
+ * text, which carries the segment name, the engine's generation and
+ * revision, its host identity, RPC endpoint, transports and registered
+ * buffers (addresses, lengths, access, location, transport keys: no data,
+ * no secrets beyond what a metadata store holds).  The bytes are opaque to
+ * the caller and not NUL-terminated.  *length_p always gets the blob's
+ * size; blob NULL (capacity 0) only asks for it; a capacity too small
+ * returns FERRY_ERR_OUT_OF_RANGE and writes nothing.  The size changes as
+ * buffers are registered: ask again, or give room to spare.
+ *
+ * ferry_segment_open_blob opens the segment a blob describes without
+ * asking the metadata store; ferry_segment_close closes it.  A blob that
+ * was cut, padded, corrupted, of another version or not a blob at all
+ * returns FERRY_ERR_DECODE with one log line saying what is wrong; nothing
+ * is opened.  If a segment of that name is open already (by name or from
+ * an earlier blob), this takes one more open of it and the blob's contents
+ * are not used (ferry_segment_refresh updates it).
+ *
+ * Refresh: a blob is a snapshot.  A segment opened from one refreshes from
+ * its owner over RPC, never from the store: when a request falls outside
+ * the buffers it holds, or the owner invalidated them (it unregistered
+ * memory), or ferry_segment_refresh is called, the engine asks the owner at
+ * the blob's RPC endpoint for what changed.  So buffers the owner
+ * registers later become reachable without a new blob, and buffers it
+ * unregistered are refused (FERRY_ERR_OUT_OF_RANGE at submit, or a failed
+ * request).  An owner that restarted at the same RPC address under the same
+ * name is followed to its new generation (as ferry_segment_open's are);
+ * one that is gone, or moved, cannot be reached: requests fail
+ * (FERRY_ERR_PEER_FAILED, FERRY_ERR_CONNECT) until the application opens a
+ * new blob.  Bounds are checked as for any segment: the owner's transport
+ * refuses what is outside its registered, remote-accessible buffers,
+ * whatever the blob claims, and a one-sided transport uses a blob's
+ * descriptor only after its owner confirmed it over RPC.
+ */
+FERRY_API ferry_status_t ferry_engine_export_blob(ferry_engine_h engine, void *blob,
+                                                  size_t capacity, size_t *length_p);
+FERRY_API ferry_status_t ferry_segment_open_blob(ferry_engine_h engine, const void *blob,
+                                                 size_t length, ferry_segment_h *segment_p);
+
 typedef enum ferry_opcode {
     FERRY_OP_READ = 0,  /* remote -> local */
     FERRY_OP_WRITE = 1, /* local -> remote */
@@ -172,6 +246,8 @@ typedef enum ferry_xfer_state {
     FERRY_XFER_PENDING = 1,
     FERRY_XFER_COMPLETED = 2,
     FERRY_XFER_FAILED = 3,
+    FERRY_XFER_CANCELLED = 4, /* ferry_batch_cancel stopped it (error FERRY_ERR_CANCELED):
+                               * not all of its bytes moved, and none will any more */
 } ferry_xfer_state_t;
 
 typedef struct ferry_xfer_status {
@@ -199,6 +275,32 @@ FERRY_API ferry_status_t ferry_batch_wait(ferry_batch_h batch, int timeout_ms);
 /* FERRY_ERR_BUSY while requests are in flight. */
 FERRY_API ferry_status_t ferry_batch_destroy(ferry_batch_h batch);
 
+/*
+ * Cancel the batch's unfinished requests, best effort.  Each request then
+ * ends either CANCELLED (error FERRY_ERR_CANCELED) or in its true final
+ * state (COMPLETED, FAILED) as it would have without the call.  CANCELLED
+ * is a promise: none of that request's bytes land after it is reported
+ * (some of them may have landed before, the rest never will), so its
+ * buffers may be reused at once.  A part of a request that a transport
+ * cannot fence is left to finish, and the request ends as that part does:
+ *   tcp   slices still queued behind a connection (not yet written to the
+ *         socket) end CANCELLED at once; those already written run to their
+ *         response or to the FERRY_TCP_TIMEOUT failure;
+ *   shm, cxl, local copies: copied within ferry_batch_submit, never
+ *         unfinished: nothing to cancel;
+ *   ucx, ofi and other transports without the transport op `cancel`: left
+ *         to finish (UCX and libfabric cannot take back an RMA they accepted).
+ * A request part of which was cancelled and part of which FAILED ends
+ * FAILED.  Returns FERRY_OK (also for a batch with nothing in flight: a
+ * no-op) or FERRY_ERR_INVALID_HANDLE; ferry_batch_wait then returns
+ * FERRY_ERR_CANCELED when the first unsuccessful request was cancelled.
+ * The batch can be waited for, submitted again once finished, and
+ * destroyed as usual; cancel may race ferry_batch_wait and completions
+ * from any thread.  Cancelled and failed requests both count as failures
+ * in the statistics.
+ */
+FERRY_API ferry_status_t ferry_batch_cancel(ferry_batch_h batch);
+
 /* Attach a notify to the batch: delivered to the segment's owner after all of
  * the batch's data, when the batch completes without failure. */
 FERRY_API ferry_status_t ferry_batch_notify(ferry_batch_h batch, ferry_segment_h segment,
@@ -219,6 +321,50 @@ FERRY_API ferry_status_t ferry_notify_send(ferry_engine_h engine, ferry_segment_
 FERRY_API ferry_status_t ferry_notify_recv(ferry_engine_h engine, ferry_notify_t *msgs, size_t max,
                                  size_t *count_p);
 
+/*
+ * Statistics of the requests this engine finished, per transport and per
+ * peer, counted since the engine started or the last ferry_stats_reset.
+ * A request counts once, when it finishes (COMPLETED or FAILED), under the
+ * transport that served it ("local" for copies to this engine's own
+ * segment) and the peer it went to (the name its segment was opened by).
+ * Its latency is from its ferry_batch_submit to the completion that
+ * finished it; requests finished by one completion share one clock reading.
+ * Counting costs a few relaxed atomic additions per completion call, not
+ * per request; FERRY_STATS=no turns it off (the snapshots then show zeros).
+ */
+#define FERRY_STATS_BUCKETS 40
+
+typedef enum ferry_stats_kind {
+    FERRY_STATS_BY_TRANSPORT = 0, /* one entry per enabled transport, "local" first */
+    FERRY_STATS_BY_PEER = 1,      /* one entry per segment ever opened, in order of opening */
+} ferry_stats_kind_t;
+
+typedef struct ferry_stats {
+    char name[256];     /* the transport's, or the peer segment's (truncated) */
+    uint64_t requests;  /* finished: completed + failed */
+    uint64_t failures;  /* of which failed */
+    uint64_t bytes;     /* moved by the completed ones */
+    /* latency[i]: requests that took [2^i, 2^(i+1)) ns; latency[0] also
+     * those under 1 ns, the last bucket everything longer. */
+    uint64_t latency[FERRY_STATS_BUCKETS];
+} ferry_stats_t;
+
+/*
+ * Fill stats[0 .. min(max, n)) with the n entries of that kind and set
+ * *count_p to n (stats may be NULL with max 0 to ask for n).  A snapshot
+ * is taken while requests finish: each counter is read once, so an entry
+ * may show a request in `requests` whose latency is not in yet.
+ */
+FERRY_API ferry_status_t ferry_stats_snapshot(ferry_engine_h engine, ferry_stats_kind_t kind,
+                                              ferry_stats_t *stats, size_t max, size_t *count_p);
+/* Zero every counter (the peers stay listed).  Requests finishing while it
+ * runs may be counted before or after, or in part. */
+FERRY_API ferry_status_t ferry_stats_reset(ferry_engine_h engine);
+/* The latency under which a fraction q (0..1) of the entry's requests
+ * finished: the upper edge of the bucket holding that one, in ns; 0 when
+ * it counted none. */
+FERRY_API uint64_t ferry_stats_latency_ns(const ferry_stats_t *stats, double q);
+
 /* What ferry_info prints. */
 enum {
     FERRY_INFO_VERSION = 1u << 0,
@@ -230,6 +376,55 @@ enum {
 };
 FERRY_API void ferry_info_print(FILE *out, unsigned what);
 FERRY_API const char *ferry_version_string(void);
+
+/*
+ * Storage buffers: a range of a file or block device that peers READ and
+ * WRITE like memory (doc/storage.md).  ferry_register_storage reserves an
+ * address range of this process (never memory: PROT_NONE, so it cannot
+ * collide with a memory registration), registers it at location "file" and
+ * returns its start in *addr_p: requests use it as target_offset, as for
+ * memory.  ferry_unregister(engine, *addr_p) releases it: it waits for the
+ * I/O on that range in flight here and, as for memory, for the peers that
+ * do I/O on it themselves (the file transport) to drain and acknowledge.
+ * Set a bit in field_mask for each optional field you fill.
+ */
+enum {
+    FERRY_STORAGE_FIELD_OFFSET = 1u << 0,  /* default 0 */
+    FERRY_STORAGE_FIELD_LENGTH = 1u << 1,  /* default: from offset to the end */
+    FERRY_STORAGE_FIELD_FLAGS = 1u << 2,   /* default FERRY_REG_REMOTE */
+    FERRY_STORAGE_FIELD_OPTIONS = 1u << 3, /* default 0 */
+};
+
+/* ferry_storage_region_t.options */
+enum {
+    /* Never O_DIRECT: every I/O goes through the page cache (a file that
+     * is read again and again).  Refused with FERRY_STORAGE_SHARED. */
+    FERRY_STORAGE_BUFFERED = 1u << 0,
+    /* O_DIRECT only: an I/O whose file offset, length or local buffer is
+     * not aligned to the storage's direct-I/O alignment FAILS
+     * (FERRY_ERR_INVALID_PARAM) instead of going through the page cache. */
+    FERRY_STORAGE_DIRECT = 1u << 1,
+    /* A WRITE completes only once its data is on stable storage
+     * (RWF_DSYNC / O_DSYNC), not when it is in the page cache. */
+    FERRY_STORAGE_DURABLE = 1u << 2,
+    /* Other hosts attach this storage too (NVMe-oF): no page cache on any
+     * host, so an unaligned I/O FAILS as with FERRY_STORAGE_DIRECT.  Implied
+     * for a block device that has a WWID. */
+    FERRY_STORAGE_SHARED = 1u << 3,
+};
+
+typedef struct ferry_storage_region {
+    uint64_t field_mask;
+    const char *path;  /* a regular file or a block device; required */
+    uint64_t offset;   /* of the range in the file */
+    uint64_t length;   /* the range must lie inside the file's current size */
+    unsigned flags;    /* FERRY_REG_REMOTE_READ / _WRITE / FERRY_REG_DEFER_PUBLISH */
+    unsigned options;  /* FERRY_STORAGE_* */
+} ferry_storage_region_t;
+
+FERRY_API ferry_status_t ferry_register_storage(ferry_engine_h engine,
+                                                const ferry_storage_region_t *region,
+                                                void **addr_p);
 
 #ifdef __cplusplus
 }

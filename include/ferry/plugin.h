@@ -177,6 +177,10 @@ struct ferry_slice {
 typedef enum ferry_access {
     FERRY_ACCESS_READ = 1,  /* a peer reads from this engine's memory */
     FERRY_ACCESS_WRITE = 2, /* a peer writes into this engine's memory */
+    /* With READ or WRITE: the caller serves storage buffers too (it does
+     * their I/O on the file); without it a storage buffer is refused
+     * (FERRY_ERR_UNSUPPORTED), its addresses being no memory. */
+    FERRY_ACCESS_STORAGE = 4,
 } ferry_access_t;
 
 typedef struct ferry_transport_services {
@@ -199,7 +203,9 @@ typedef struct ferry_transport_services {
     void (*notify_deliver)(void *engine, const char *from, const void *msg, size_t length);
     /* Target side, for a range access_acquire granted: whether it is
      * device memory, which the transport must not touch with the CPU (nor
-     * hand to a system call) but move with stage_in and stage_out. */
+     * hand to a system call) but move with stage_in and stage_out.  A
+     * storage buffer (FERRY_ACCESS_STORAGE) answers 1 too: stage_in and
+     * stage_out then write and read its file. */
     int (*access_is_device)(void *engine, void *token);
     /* Device memory: fill length bytes at dst from what fill writes into
      * page-locked host buffers (a socket's payload), each buffer copied to
@@ -325,6 +331,13 @@ typedef struct ferry_transport_ops {
      * transport that cannot reach a remote buffer at some location says so
      * in mem_register (FERRY_ERR_UNSUPPORTED: no key for that buffer). */
     int (*local_memory)(void *ctx, const char *location);
+    /* Optional (ferry_batch_cancel): finish with FERRY_ERR_CANCELED, through
+     * slices_done and outside the transport's locks, every slice it holds
+     * whose owner lies in [owner_lo, owner_hi) and whose bytes it can still
+     * keep from moving (not yet handed to the wire or the copy); leave the
+     * others to finish as they would.  Never reports a slice CANCELED whose
+     * bytes may still land.  Without it, nothing is cancelled. */
+    void (*cancel)(void *ctx, const void *owner_lo, const void *owner_hi);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)
@@ -358,6 +371,18 @@ enum {
      * forms"); without it (an older plugin, or a store others read, as
      * Mooncake's HTTP server) descriptors are published as JSON. */
     FERRY_METADATA_COMPACT = 1u << 5,
+    /* transports: reaches storage buffers (location "file", from
+     * ferry_register_storage).  Such a buffer is registered with these
+     * transports only, and mem_register is not called: their key is the
+     * engine's storage key (src/core/storage_key.c), which says where the
+     * storage lives and how a peer recognises it. */
+    FERRY_TRANSPORT_STORAGE = 1u << 6,
+    /* transports: the target side serves storage buffers for peers that
+     * cannot reach the storage themselves: it passes FERRY_ACCESS_STORAGE
+     * to access_acquire and moves a range for which access_is_device says
+     * 1 with stage_in and stage_out, which do the file's I/O.  A storage
+     * buffer is registered with it too (mem_register, location "file"). */
+    FERRY_TRANSPORT_SERVES_STORAGE = 1u << 7,
 };
 
 /* ---- metadata stores ---- */

@@ -88,6 +88,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
         batch->kept_entry = run->local_entry;
     run->local_accel = ferry_batch_run_local_memory(engine, run, req->one_slice.local);
     atomic_store_explicit(&run->left, 1, memory_order_relaxed);
+    run->submit_ns = batch->submit_ns;
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
     ferry_batch_launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
     return 1;
@@ -103,6 +104,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
     ferry_lock_acquire(&batch->submit_lock);
+    batch->submit_ns = engine->stats.enabled ? ferry_stats_now_ns() : 0;
     if (batch_pending(batch) == 0 && count == 1 && batch->used == 1 &&
         submit_again(batch, requests)) {
         ferry_lock_release(&batch->submit_lock);
@@ -359,8 +361,44 @@ ferry_status_t ferry_batch_destroy(ferry_batch_h handle)
         }
     }
     pthread_mutex_unlock(&engine->batches_lock);
+    /* A cancel still inside (batch_cancel.c) let the last request finish
+     * while holding submit_lock: it leaves before the batch goes. */
+    ferry_lock_acquire(&batch->submit_lock);
+    ferry_lock_release(&batch->submit_lock);
     peer_caches_release(batch);
     batch_free(batch);
+    return FERRY_OK;
+}
+
+/*
+ * Under submit_lock: no submit runs, so every request of the round is with
+ * its transport or finished, and none of another round can start while the
+ * transports take theirs back.  Requests are told apart by their slot's
+ * address: the batch's requests[] is the owner range.  Lifetimes:
+ * - a transport's completion thread and cancel never both finish a slice:
+ *   the transport holds each slice in one place under its lock, and cancel
+ *   takes only those it can still keep off the wire (tcp: its queues);
+ * - a cancelled request finishes like any other (slices_done): its run's
+ *   hold on the local buffer goes back, so an unregister waiting for it
+ *   proceeds, and the batch counts down;
+ * - completions reported from here may finish the batch, and a waiter may
+ *   then start it over (submit waits for submit_lock) or destroy it
+ *   (destroy waits for submit_lock before it frees).
+ */
+ferry_status_t ferry_batch_cancel(ferry_batch_h handle)
+{
+    ferry_batch_t *batch = batch_lookup(handle);
+    if (batch == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    ferry_engine_t *engine = batch->engine;
+    ferry_lock_acquire(&batch->submit_lock);
+    const void *lo = batch->requests, *hi = batch->requests + batch->max;
+    for (size_t i = 0; i < engine->n_transports && batch_pending(batch) > 0; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (FERRY_TRANSPORT_OPS_HAS(tp->ops, cancel))
+            tp->ops->cancel(tp->ctx, lo, hi);
+    }
+    ferry_lock_release(&batch->submit_lock);
     return FERRY_OK;
 }
 

@@ -63,6 +63,11 @@ typedef struct request_run {
      * staging buffer (the request's staged). */
     const ferry_accel_ops_t *local_accel;
     ferry_peer_t peer;                 /* the transport's view of the target */
+    /* Statistics (stats.c): where its finished requests count (the
+     * segment's peer entry, the engine's: it outlives the run; NULL: not
+     * counted) and when its submit began. */
+    ferry_peer_stats_t *stats;
+    uint64_t submit_ns;
 } request_run_t;
 
 typedef struct request_state {
@@ -123,6 +128,7 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
+    uint64_t submit_ns; /* submit_lock: the current submit's start, for its runs */
     /* The local registry entry of the last request resolved, unreferenced:
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */
@@ -158,6 +164,8 @@ typedef struct settle {
     unsigned pending;
     request_run_t *run;
     unsigned run_done;
+    unsigned run_failed;  /* of run_done: for the statistics */
+    uint64_t run_bytes;   /* moved by the others */
 } settle_t;
 
 /*

@@ -34,12 +34,19 @@ static inline void request_finish(request_state_t *req, settle_t *s)
     }
     s->run_done++;
     int error = atomic_load_explicit(&req->error, memory_order_relaxed);
+    s->run_bytes += req->one_slice.length; /* for the statistics; taken back below */
     /* Plain (release) stores, no locked instruction: the countdown of
      * pending in settle_all publishes them to whoever sees it reach 0. */
-    atomic_store_explicit(&req->state, error ? FERRY_XFER_FAILED : FERRY_XFER_COMPLETED,
+    atomic_store_explicit(&req->state,
+                          !error ? FERRY_XFER_COMPLETED
+                          : error == FERRY_ERR_CANCELED ? FERRY_XFER_CANCELLED
+                                                        : FERRY_XFER_FAILED,
                           memory_order_release);
-    if (error)
+    if (error) {
         atomic_store_explicit(&run->batch->any_failed, 1, memory_order_release);
+        s->run_failed++;
+        s->run_bytes -= req->one_slice.length;
+    }
     s->pending++;
 }
 
@@ -73,6 +80,19 @@ static ferry_status_t unstage_slice(request_state_t *req, ferry_slice_t *slice,
     return status;
 }
 
+/* The request's error: the first failure, except that a failure after a
+ * cancellation replaces it (the failed part's bytes may still land, so the
+ * request cannot be reported CANCELLED). */
+static void note_error(request_state_t *req, ferry_status_t result)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&req->error, &expected, (int)result) ||
+        result == FERRY_ERR_CANCELED)
+        return;
+    expected = FERRY_ERR_CANCELED;
+    atomic_compare_exchange_strong(&req->error, &expected, (int)result);
+}
+
 void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status)
 {
     settle_t s = {0};
@@ -85,10 +105,8 @@ void ferry_batch_slices_done(ferry_slice_t *slices, ferry_status_t status)
         do {
             ferry_slice_t *next = slice->next; /* relinked at the next launch */
             ferry_status_t result = req->staged ? unstage_slice(req, slice, status) : status;
-            if (result != FERRY_OK) {
-                int expected = 0;
-                atomic_compare_exchange_strong(&req->error, &expected, (int)result);
-            }
+            if (result != FERRY_OK)
+                note_error(req, result);
             done++;
             slice = next;
         } while (slice != NULL && slice->owner == req);

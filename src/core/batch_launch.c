@@ -16,8 +16,20 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
                                                           : FERRY_ACCESS_READ;
     void *token;
     ferry_status_t status = ferry_engine_access_acquire(engine, req->one_slice.remote_addr,
-                                                        req->one_slice.length, access, &token);
-    if (status == FERRY_OK) {
+                                                        req->one_slice.length,
+                                                        access | FERRY_ACCESS_STORAGE, &token);
+    const ferry_storage_t *storage = status == FERRY_OK ? ((ferry_reg_entry_t *)token)->storage
+                                                        : NULL;
+    if (storage != NULL && run->local_accel == NULL) {
+        status = ferry_storage_copy(storage, run->opcode, req->one_slice.remote_addr,
+                                    req->one_slice.local, req->one_slice.length);
+        ferry_engine_access_release(engine, token);
+    } else if (storage != NULL) {
+        ferry_error("a copy between device memory and a storage buffer: not yet (issue 21, "
+                    "item 5)");
+        ferry_engine_access_release(engine, token);
+        status = FERRY_ERR_UNSUPPORTED;
+    } else if (status == FERRY_OK) {
         void *remote = (void *)(uintptr_t)req->one_slice.remote_addr;
         void *dst = run->opcode == FERRY_OP_WRITE ? remote : req->one_slice.local;
         const void *src = run->opcode == FERRY_OP_WRITE ? req->one_slice.local : remote;

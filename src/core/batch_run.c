@@ -30,6 +30,12 @@ void ferry_batch_run_settle(settle_t *s)
     if (done == 0)
         return;
     s->run_done = 0;
+    /* Before the run's countdown: past it a waiter may reuse the record. */
+    if (run->stats != NULL)
+        ferry_stats_count(run->stats, run->transport, done, s->run_failed, s->run_bytes,
+                          run->submit_ns);
+    s->run_failed = 0;
+    s->run_bytes = 0;
     /* Holding the last requests left, nobody else counts down: no locked
      * instruction (a run finished by one completion call). */
     if (atomic_load_explicit(&run->left, memory_order_acquire) != done &&
@@ -312,6 +318,8 @@ static request_run_t *run_new(ferry_batch_t *batch)
     run->copier = -1;
     run->peer_made = 0;
     run->cut = 0;
+    run->stats = NULL; /* resolve sets it with the segment */
+    run->submit_ns = batch->submit_ns;
     return run;
 }
 
@@ -345,6 +353,7 @@ ferry_status_t ferry_batch_resolve(ferry_batch_t *batch, const ferry_request_t *
                                              FERRY_HANDLE_SEGMENT, engine);
     if (run->segment == NULL)
         return FERRY_ERR_INVALID_HANDLE;
+    run->stats = run->segment->stats;
     run->opcode = in->opcode;
     req->one_slice.local = in->local;
     req->one_slice.remote_addr = in->target_offset;

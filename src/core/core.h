@@ -5,6 +5,8 @@
 
 #include "../util/util.h"
 
+#include <time.h>
+
 #define FERRY_MAX_TRANSPORTS 8
 #define FERRY_ACCEL_VENDORS_MAX 4
 #define FERRY_DESCRIPTOR_VERSION 1
@@ -57,6 +59,9 @@ typedef struct ferry_reg_entry {
      * subtree's height. */
     struct ferry_reg_entry *tree_child[2];
     int tree_height;
+    /* A storage buffer (ferry_register_storage): its file, freed with the
+     * entry; NULL for memory. */
+    struct ferry_storage *storage;
 } ferry_reg_entry_t;
 #define FERRY_ALLOC_HEAP (-1)
 #define FERRY_ALLOC_DEVICE (-2) /* ferry_alloc memory from entry->accel's mem_alloc */
@@ -291,6 +296,19 @@ char *ferry_desc_compact_put_buffer(const ferry_descriptor_t *desc,
 char *ferry_desc_compact_put_hex(char *out, uint64_t value);
 char *ferry_desc_compact_put_word(char *out, const char *word);
 
+/* descriptor_blob.c: a descriptor as the bytes an application carries
+ * itself (its header describes them): a 16-byte header, then the compact
+ * form.  decode is strict (FERRY_ERR_DECODE, logged once) and takes only
+ * what encode writes. */
+#define FERRY_DESC_BLOB_HEADER 16
+ferry_status_t ferry_descriptor_blob_encode(const ferry_descriptor_t *desc, uint8_t **blob_p,
+                                            size_t *length_p);
+/* The same from a descriptor's compact text (malloc-ed blob). */
+ferry_status_t ferry_descriptor_blob_wrap(const char *text, size_t length, uint8_t **blob_p,
+                                          size_t *length_p);
+ferry_status_t ferry_descriptor_blob_decode(const void *blob, size_t length,
+                                            ferry_descriptor_t **desc_p);
+
 /* descriptor_changes.c: what changed between two revisions of one
  * generation of a descriptor (incremental refresh).  A change set lists,
  * per revision step, the buffers removed (by address) and added (whole),
@@ -334,6 +352,72 @@ ferry_status_t ferry_descriptor_apply(const ferry_descriptor_t *base,
                                       const ferry_desc_changes_t *changes,
                                       ferry_descriptor_t **desc_p);
 
+/* ---------------- stats.c: what the engine's requests did ---------------- */
+
+/* Slot 0: local copies; slot i + 1: engine transport i. */
+#define FERRY_STATS_SLOTS (FERRY_MAX_TRANSPORTS + 1)
+
+/* Relaxed atomics: added to by whichever thread finishes requests, read by
+ * snapshots; no ordering between them is promised. */
+typedef struct ferry_stats_counters {
+    atomic_uint_fast64_t requests;
+    atomic_uint_fast64_t failures;
+    atomic_uint_fast64_t bytes;
+    atomic_uint_fast64_t latency[FERRY_STATS_BUCKETS];
+} ferry_stats_counters_t;
+
+/* One peer's counters, per transport.  The engine owns it from the first
+ * open of that name until the engine is freed (after every batch), so a
+ * run may keep a plain pointer to it while its requests fly, even past
+ * the segment's close. */
+typedef struct ferry_peer_stats {
+    char *name;
+    ferry_stats_counters_t by_slot[FERRY_STATS_SLOTS];
+} ferry_peer_stats_t;
+
+/* lock: peers, n_peers, capacity (a snapshot or an open takes it; a
+ * completion never does).  Past FERRY_STATS_PEERS_MAX names, new ones share
+ * the `other` entry.  enabled: FERRY_STATS, fixed at create. */
+#define FERRY_STATS_PEERS_MAX 4096
+typedef struct ferry_engine_stats {
+    pthread_mutex_t lock;
+    ferry_peer_stats_t **peers;
+    size_t n_peers, capacity;
+    ferry_peer_stats_t *other;
+    int enabled;
+} ferry_engine_stats_t;
+
+void ferry_stats_init(ferry_engine_stats_t *stats, int enabled);
+void ferry_stats_fini(ferry_engine_stats_t *stats);
+/* The counters of the peer of that name (made at its first open); NULL
+ * when statistics are off or memory is short (then it is not counted). */
+ferry_peer_stats_t *ferry_stats_peer(ferry_engine_stats_t *stats, const char *name);
+
+static inline uint64_t ferry_stats_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+/* done requests of one run finished in one completion call (failed of
+ * them failed, the others moved bytes), submitted at submit_ns, through
+ * engine transport `transport` (-1: a local copy). */
+static inline void ferry_stats_count(ferry_peer_stats_t *peer, int transport, unsigned done,
+                                     unsigned failed, uint64_t bytes, uint64_t submit_ns)
+{
+    ferry_stats_counters_t *c = &peer->by_slot[transport + 1];
+    uint64_t ns = ferry_stats_now_ns() - submit_ns;
+    unsigned bucket = ns > 1 ? 63u - (unsigned)__builtin_clzll(ns) : 0;
+    if (bucket >= FERRY_STATS_BUCKETS)
+        bucket = FERRY_STATS_BUCKETS - 1;
+    atomic_fetch_add_explicit(&c->requests, done, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->latency[bucket], done, memory_order_relaxed);
+    if (failed)
+        atomic_fetch_add_explicit(&c->failures, failed, memory_order_relaxed);
+}
+
 /* ---------------- segment_cache.c: opened remote segments ---------------- */
 
 typedef struct ferry_segment {
@@ -347,6 +431,12 @@ typedef struct ferry_segment {
     int fetching;
     ferry_status_t fetch_status;
     int stale;               /* invalidated by its owner: refresh before use */
+    /* Opened from a blob (ferry_segment_open_blob), set with the first
+     * desc under lock: refreshes ask its owner over RPC, never the store. */
+    int from_blob;
+    /* Its peer's statistics (stats.c), NULL when not counted; set before
+     * the handle is handed out, fixed. */
+    ferry_peer_stats_t *stats;
     /* Changes (under lock) with desc and stale, from a process-wide count,
      * so a (segment, version) pair names one descriptor for good; 0 for our
      * own segment, whose descriptor is not cached here. */
@@ -369,6 +459,11 @@ void ferry_segment_cache_fini(ferry_engine_t *engine, ferry_segment_cache_t *cac
 ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
                                         ferry_segment_t **segment_p);
 void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment);
+/* The segment of desc's name: one more open of the entry if there is one
+ * (desc unused), else a new entry holding desc (a reference taken), which
+ * refreshes from its owner over RPC only. */
+ferry_status_t ferry_segment_cache_open_desc(ferry_engine_t *engine, ferry_descriptor_t *desc,
+                                             ferry_segment_t **segment_p);
 /* The current descriptor (referenced), refreshing first if it was invalidated. */
 ferry_status_t ferry_segment_descriptor(ferry_engine_t *engine, ferry_segment_t *segment,
                                         ferry_descriptor_t **desc_p);
@@ -408,6 +503,10 @@ void ferry_segment_copier_exit(ferry_segment_t *segment, int epoch, unsigned cop
 ferry_status_t ferry_segment_copiers_drain(ferry_segment_t *segment, unsigned timeout_ms);
 /* Before the segment is freed: every copy ended. */
 void ferry_segment_copiers_wait_all(ferry_segment_t *segment);
+/* The engine and the open segment behind two public handles, or
+ * FERRY_ERR_INVALID_HANDLE. */
+ferry_status_t ferry_segment_resolve(ferry_engine_h engine_handle, ferry_segment_h segment_handle,
+                                     ferry_engine_t **engine_p, ferry_segment_t **segment_p);
 /* ferry_metadata_services_t.segment_changed */
 void ferry_segment_cache_changed(void *engine, const char *name);
 
@@ -460,6 +559,7 @@ typedef struct ferry_engine_settings {
     unsigned rpc_max_conns_per_source;
     unsigned invalidate_timeout_ms;
     int confirm_descriptors;
+    int stats;
     char *descriptor_format;
     unsigned subscribers_max;
     unsigned wait_spin_us;
@@ -560,6 +660,7 @@ struct ferry_engine {
     const ferry_accel_ops_t *accel[FERRY_ACCEL_VENDORS_MAX];
     ferry_stage_pool_t stage;
     int stage_ready; /* stage initialized (create got that far) */
+    ferry_engine_stats_t stats; /* freed last: runs point into it */
 };
 
 ferry_engine_t *ferry_engine_lookup(ferry_engine_h handle);
@@ -718,5 +819,96 @@ const ferry_plugin_t *ferry_tcp_plugin(void);
 const ferry_plugin_t *ferry_shm_plugin(void);
 const ferry_plugin_t *ferry_cxl_plugin(void);
 const ferry_plugin_t *ferry_p2p_plugin(void);
+const ferry_plugin_t *ferry_file_plugin(void);
+
+/* ---------------- storage.c, storage_key.c: storage buffers ---------------- */
+
+#define FERRY_STORAGE_LOCATION "file"
+#define FERRY_STORAGE_TRANSPORT "file" /* the transport whose keys are storage keys */
+#define FERRY_STORAGE_PATH_MAX 4096
+#define FERRY_STORAGE_HOST_MAX 128
+#define FERRY_STORAGE_WWID_MAX 256
+#define FERRY_STORAGE_ALIGN_MAX ((uint64_t)1 << 20)
+#define FERRY_STORAGE_KEY_MAX (3 * (FERRY_STORAGE_PATH_MAX + FERRY_STORAGE_HOST_MAX + \
+                                    FERRY_STORAGE_WWID_MAX) + 256)
+
+typedef enum ferry_storage_kind {
+    FERRY_STORAGE_KIND_FILE = 0,
+    FERRY_STORAGE_KIND_BLOCK = 1,
+} ferry_storage_kind_t;
+
+/* What a storage key says (storage_key.c describes its text). */
+typedef struct ferry_storage_key {
+    uint64_t addr, length;  /* the buffer */
+    uint64_t offset;        /* of addr in the file */
+    uint32_t align;         /* direct I/O: offsets, lengths and memory aligned to it */
+    unsigned options;       /* FERRY_STORAGE_* */
+    ferry_storage_kind_t kind;
+    char host[FERRY_STORAGE_HOST_MAX + 1];
+    uint64_t dev, ino;      /* st_dev, st_ino; a block device: st_rdev, 0 */
+    char wwid[FERRY_STORAGE_WWID_MAX + 1]; /* "" when none */
+    char path[FERRY_STORAGE_PATH_MAX + 1];
+} ferry_storage_key_t;
+
+/* The canonical text (malloc-ed), NULL when out of memory. */
+char *ferry_storage_key_format(const ferry_storage_key_t *key);
+/* Strict; FERRY_ERR_DECODE with *why_p saying what is wrong (not logged). */
+ferry_status_t ferry_storage_key_parse(const char *text, ferry_storage_key_t *key,
+                                       const char **why_p);
+/* A decoder's check of one buffer's storage key against the buffer and
+ * the descriptor's host; logs once. */
+ferry_status_t ferry_storage_key_check(const ferry_descriptor_t *desc,
+                                       const ferry_desc_buffer_t *buffer, const char *text);
+/* Every storage key of buffers [first, first + count). */
+ferry_status_t ferry_storage_keys_check(const ferry_descriptor_t *desc, size_t first,
+                                        size_t count);
+
+/* A registered storage range, owned by its registry entry (entry->storage):
+ * made by ferry_storage_open, freed with the entry.  Immutable after open. */
+typedef struct ferry_storage {
+    ferry_storage_key_t key;
+    char *key_text;
+    int fd;                 /* the owner's, for copies to its own segment */
+    void *reserved;         /* the PROT_NONE address range */
+    size_t reserved_length;
+} ferry_storage_t;
+
+/* Open and check the region, reserve its addresses, make its key (host:
+ * this engine's host identity; sysfs_root: where WWIDs are read). */
+ferry_status_t ferry_storage_open(const ferry_storage_region_t *region, unsigned flags,
+                                  const char *host, const char *sysfs_root,
+                                  ferry_storage_t **storage_p);
+void ferry_storage_close(ferry_storage_t *storage);
+/* A copy between local memory and [addr, addr + length) of the storage
+ * (inside it: the caller checked), by the owner's descriptor. */
+ferry_status_t ferry_storage_copy(const ferry_storage_t *storage, ferry_opcode_t opcode,
+                                  uint64_t addr, void *local, size_t length);
+/* A transport's target serving a peer (the services stage_in and
+ * stage_out): [addr, +length) of the storage filled from fill's buffers,
+ * or read into buffers that drain takes, a bounce buffer at a time. */
+ferry_status_t ferry_storage_stage_in(const ferry_storage_t *storage, uint64_t addr,
+                                      size_t length,
+                                      ferry_status_t (*fill)(void *arg, void *buffer,
+                                                             size_t length),
+                                      void *arg);
+ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t addr,
+                                       size_t length,
+                                       ferry_status_t (*drain)(void *arg, const void *buffer,
+                                                               size_t length),
+                                       void *arg);
+/* Every byte of a pread (write 0) or pwrite (write 1) at offset, short
+ * transfers continued, EINTR retried; FERRY_ERR_IO (logged) when the file
+ * ends first or the call fails.  rw_flags: pwritev2's (RWF_DSYNC). */
+ferry_status_t ferry_storage_full_io(int fd, int write, void *buffer, size_t length,
+                                     uint64_t offset, int rw_flags);
+/* The WWID of the block device rdev from <sysfs_root>/dev/block/M:m/wwid
+ * (out[size], "" when there is none). */
+void ferry_storage_wwid_of(const char *sysfs_root, uint64_t rdev, char *out, size_t size);
+/* The path of the block device with that WWID on this host: first the
+ * mapping "WWID=PATH[;WWID=PATH...]" (NVMe-oF attachments under other
+ * names), then <sysfs_root>/block/NAME/wwid, as <dev_root>/NAME.  0 when
+ * none. */
+int ferry_storage_wwid_find(const char *sysfs_root, const char *dev_root, const char *map,
+                            const char *wwid, char *path, size_t size);
 
 #endif

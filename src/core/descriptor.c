@@ -22,6 +22,10 @@
  *                                       transport name -> key string; a
  *                                       transport without a key is absent
  *    "files":[]}                        reserved: must be an array if present
+ *                                       (storage buffers travel as buffers at
+ *                                       location "file" whose "file" key is a
+ *                                       storage key, storage_key.c, checked by
+ *                                       ferry_descriptor_finish)
  *
  * 64-bit values travel as strings so that no JSON number (double or int64)
  * ever carries them.  Unknown members are ignored so a newer writer can add
@@ -168,7 +172,7 @@ ferry_status_t ferry_descriptor_finish(ferry_descriptor_t *desc)
                         cur->addr, cur->length, prev->addr, prev->length);
         return FERRY_ERR_DECODE;
     }
-    return FERRY_OK;
+    return ferry_storage_keys_check(desc, 0, desc->n_buffers);
 }
 
 const ferry_desc_buffer_t *ferry_descriptor_find(const ferry_descriptor_t *desc, uint64_t addr,

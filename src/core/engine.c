@@ -79,6 +79,9 @@ static const ferry_setting_t engine_settings[] = {
     SETTING("STAGE_PINNED_MAX", "256m", "page-locked bytes the staging buffers may take in all "
             "(made as needed, kept until the engine goes); past it they are pageable (slower "
             "copies)", stage_pinned_max, FERRY_SETTING_SIZE),
+    SETTING("STATS", "yes", "count finished requests, bytes, failures and latency per transport "
+            "and per peer (ferry_stats_snapshot); no: count nothing", stats,
+            FERRY_SETTING_BOOL),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -390,11 +393,13 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     pthread_mutex_init(&engine->batches_lock, NULL);
     engine->generation = ferry_random_u64();
 
+    ferry_stats_init(&engine->stats, 0);
     status = ferry_engine_changes_init(engine);
     if (status == FERRY_OK)
         status = apply_config(&engine->settings, config);
     if (status != FERRY_OK)
         goto err_destroy;
+    engine->stats.enabled = engine->settings.stats;
     ferry_copy_set_nt_min(engine->settings.copy_nt_min);
     unsigned copy_threads;
     status = ferry_copy_threads_parse(engine->settings.copy_threads, &copy_threads);
@@ -482,7 +487,8 @@ err_destroy:
  *     without a stop op is waited for here), deregistered and freed;
  *  6. the transports are destroyed, then the batches (nothing completes);
  *  7. the copy helpers, the metadata store (its watch may still call us
- *     until destroyed), the segments, the rest.
+ *     until destroyed), the segments, the rest; the statistics last of
+ *     what batches and segments point into.
  */
 void ferry_engine_free(ferry_engine_t *engine)
 {
@@ -522,6 +528,7 @@ void ferry_engine_free(ferry_engine_t *engine)
         free(n);
     }
     ferry_engine_changes_fini(engine);
+    ferry_stats_fini(&engine->stats); /* no batch, no segment counts any more */
     ferry_settings_release(engine_settings, FERRY_ARRAY_SIZE(engine_settings),
                            &engine->settings);
     free(engine->name);

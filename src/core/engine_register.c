@@ -43,9 +43,36 @@ static void transports_deregister(ferry_engine_t *engine, ferry_reg_entry_t *ent
     entry->allocated = 0;
 }
 
+/* A storage buffer goes to the transports that reach storage only, with
+ * the storage key: a memory transport would serve the reserved addresses
+ * (PROT_NONE) as memory. */
+static ferry_status_t storage_register(ferry_engine_t *engine, ferry_reg_entry_t *entry)
+{
+    for (size_t i = 0; i < engine->n_transports; i++) {
+        ferry_transport_instance_t *tp = &engine->transports[i];
+        if (tp->plugin->flags & FERRY_TRANSPORT_SERVES_STORAGE) {
+            /* its target does the file's I/O for peers (stage_in, stage_out) */
+            ferry_status_t status = tp->ops->mem_register(tp->ctx, (void *)entry->addr,
+                                                          entry->length, entry->location,
+                                                          &entry->keys[i], &entry->memh[i]);
+            if (status != FERRY_OK && status != FERRY_ERR_UNSUPPORTED)
+                return status;
+            continue;
+        }
+        if (!(tp->plugin->flags & FERRY_TRANSPORT_STORAGE))
+            continue;
+        entry->keys[i] = strdup(entry->storage->key_text);
+        if (entry->keys[i] == NULL)
+            return FERRY_ERR_NO_MEMORY;
+    }
+    return FERRY_OK;
+}
+
 /* Every transport but the one that allocated the range (already done). */
 static ferry_status_t transports_register(ferry_engine_t *engine, ferry_reg_entry_t *entry)
 {
+    if (entry->storage != NULL)
+        return storage_register(engine, entry);
     for (size_t i = 0; i < engine->n_transports; i++) {
         ferry_transport_instance_t *tp = &engine->transports[i];
         if (entry->allocated && (int)i == entry->alloc_transport)
@@ -100,6 +127,12 @@ static ferry_status_t register_one(ferry_engine_t *engine, const ferry_region_t 
         ferry_error("register [%p, +%zu): location \"%.64s%s\" is not kind[:qualifier] (e.g. "
                     "cpu, cpu:1, cuda:0) of at most %d bytes", region->addr, region->length,
                     location, strlen(location) > 64 ? "..." : "", FERRY_LOCATION_MAX);
+        return FERRY_ERR_INVALID_PARAM;
+    }
+    if (ferry_location_is_kind(location, FERRY_STORAGE_LOCATION)) {
+        ferry_error("register [%p, +%zu): location \"%s\" is storage's; register a file or "
+                    "block device with ferry_register_storage", region->addr, region->length,
+                    location);
         return FERRY_ERR_INVALID_PARAM;
     }
     char resolved[FERRY_LOCATION_MAX + 1];
@@ -194,6 +227,69 @@ ferry_status_t ferry_register_batch(ferry_engine_h handle, const ferry_region_t 
     pthread_mutex_unlock(&engine->register_lock);
     free(done);
     return status;
+}
+
+/* Where WWIDs of block devices are read (tests point it at a fake tree);
+ * the file transport's table documents it (FERRY_FILE_SYSFS_ROOT). */
+typedef struct storage_settings {
+    char *sysfs_root;
+} storage_settings_t;
+
+static const ferry_setting_t storage_settings_table[] = {
+    {"SYSFS_ROOT", "/sys", "where block devices' WWIDs are read", 
+     offsetof(storage_settings_t, sysfs_root), FERRY_SETTING_STRING},
+};
+
+ferry_status_t ferry_register_storage(ferry_engine_h handle, const ferry_storage_region_t *region,
+                                      void **addr_p)
+{
+    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    if (engine == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    if (addr_p == NULL || region == NULL)
+        return FERRY_ERR_INVALID_PARAM;
+    *addr_p = NULL;
+    unsigned flags = normalize_flags(region->field_mask & FERRY_STORAGE_FIELD_FLAGS
+                                         ? region->flags
+                                         : FERRY_REG_REMOTE);
+    storage_settings_t settings = {0};
+    ferry_status_t status = ferry_settings_read("FILE", storage_settings_table, 1, &settings);
+    ferry_storage_t *storage = NULL;
+    if (status == FERRY_OK)
+        status = ferry_storage_open(region, flags, engine->host_id, settings.sysfs_root,
+                                    &storage);
+    ferry_settings_release(storage_settings_table, 1, &settings);
+    if (status != FERRY_OK)
+        return status;
+    ferry_reg_entry_t *entry = ferry_reg_entry_new(storage->key.addr, storage->reserved_length,
+                                                   FERRY_STORAGE_LOCATION,
+                                                   flags & FERRY_REG_REMOTE);
+    if (entry == NULL) {
+        ferry_storage_close(storage);
+        return FERRY_ERR_NO_MEMORY;
+    }
+    entry->storage = storage;
+    pthread_mutex_lock(&engine->register_lock);
+    entry->epoch = ++engine->register_epoch;
+    status = transports_register(engine, entry);
+    if (status == FERRY_OK)
+        status = ferry_registry_insert(&engine->registry, entry);
+    if (status != FERRY_OK) {
+        pthread_mutex_unlock(&engine->register_lock);
+        transports_deregister(engine, entry);
+        ferry_reg_entry_free(entry);
+        return status;
+    }
+    ferry_engine_changes_added(engine, entry);
+    if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
+        ferry_status_t published = ferry_engine_publish_locked(engine);
+        if (published != FERRY_OK)
+            ferry_warn("registered storage, but publishing segment %s failed: %s",
+                       engine->name, ferry_status_string(published));
+    }
+    *addr_p = (void *)entry->addr;
+    pthread_mutex_unlock(&engine->register_lock);
+    return FERRY_OK;
 }
 
 ferry_status_t ferry_register(ferry_engine_h handle, void *addr, size_t length,
@@ -444,6 +540,15 @@ ferry_status_t ferry_engine_access_acquire(void *arg, uint64_t addr, uint64_t le
         return FERRY_ERR_OUT_OF_RANGE;
     ferry_reg_entry_t *entry = ferry_registry_acquire(&engine->registry, (uintptr_t)addr,
                                                       (size_t)length, need);
+    if (entry != NULL && entry->storage != NULL && !(access & FERRY_ACCESS_STORAGE)) {
+        /* Its addresses are no memory: a transport serving memory must
+         * not touch them (the file transport does the I/O itself). */
+        ferry_registry_release(&engine->registry, entry);
+        ferry_warn("refused a remote %s of [0x%llx, +%llu): a storage buffer, which this "
+                   "transport does not serve", access & FERRY_ACCESS_WRITE ? "write" : "read",
+                   (unsigned long long)addr, (unsigned long long)length);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     if (entry == NULL) {
         ferry_warn("refused a remote %s of [0x%llx, +%llu): not inside a registered, "
                    "remote-%s buffer", access & FERRY_ACCESS_WRITE ? "write" : "read",

@@ -211,12 +211,9 @@ ferry_status_t ferry_engine_send_notify(ferry_engine_t *engine, const ferry_desc
 ferry_status_t ferry_notify_send(ferry_engine_h handle, ferry_segment_h segment_handle,
                                  const void *msg, size_t length)
 {
-    ferry_engine_t *engine = ferry_engine_lookup(handle);
-    if (engine == NULL)
-        return FERRY_ERR_INVALID_HANDLE;
-    ferry_segment_t *segment = ferry_handle_lookup((uint64_t)(uintptr_t)segment_handle,
-                                                   FERRY_HANDLE_SEGMENT, engine);
-    if (segment == NULL)
+    ferry_engine_t *engine;
+    ferry_segment_t *segment;
+    if (ferry_segment_resolve(handle, segment_handle, &engine, &segment) != FERRY_OK)
         return FERRY_ERR_INVALID_HANDLE;
     if (msg == NULL && length > 0)
         return FERRY_ERR_INVALID_PARAM;

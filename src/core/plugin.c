@@ -15,7 +15,7 @@
 
 typedef const ferry_plugin_t *(*builtin_fn_t)(void);
 static const builtin_fn_t builtins[] = {ferry_tcp_plugin, ferry_shm_plugin, ferry_cxl_plugin,
-                                         ferry_p2p_plugin};
+                                         ferry_p2p_plugin, ferry_file_plugin};
 
 int ferry_plugin_is_builtin(const ferry_plugin_t *plugin)
 {

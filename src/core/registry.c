@@ -53,6 +53,7 @@ void ferry_reg_entry_free(ferry_reg_entry_t *entry)
         return;
     for (size_t i = 0; i < FERRY_MAX_TRANSPORTS; i++)
         free(entry->keys[i]);
+    ferry_storage_close(entry->storage);
     free(entry->location);
     free(entry);
 }

@@ -139,6 +139,33 @@ static ferry_status_t fetch_changes(ferry_engine_t *engine, const char *name,
     return status;
 }
 
+/*
+ * Refresh of a segment opened from a blob: only its owner knows it (no
+ * store holds it), so its changes since held over RPC, or its whole
+ * descriptor when they do not apply.  A restarted owner at the same
+ * endpoint under the same name answers with its new generation's; any
+ * other engine there refuses (another name).
+ */
+static ferry_status_t owner_refresh(ferry_engine_t *engine, const ferry_descriptor_t *held,
+                                    ferry_descriptor_t **desc_p)
+{
+    ferry_status_t status = held->revision != 0 ? owner_changes(engine, held, held->name, desc_p)
+                                                : FERRY_ERR_DECODE;
+    if (status != FERRY_ERR_DECODE)
+        return status;
+    if (held->rpc == NULL || held->rpc[0] == '\0')
+        return FERRY_ERR_UNSUPPORTED;
+    char *text = NULL;
+    status = ferry_engine_rpc_fetch(engine, held->rpc, held->name, &text);
+    if (status == FERRY_OK) {
+        status = ferry_descriptor_decode(text, strlen(text), desc_p);
+        if (status == FERRY_OK)
+            atomic_store(&(*desc_p)->confirmed, FERRY_DESC_CONFIRMED); /* the owner served it */
+    }
+    free(text);
+    return status;
+}
+
 /* The records, decoded, as one change set from `since`: its steps taken
  * from each record's set (their pools go along).  FERRY_ERR_UNSUPPORTED:
  * one is missing or of another generation (the caller fetches whole). */
@@ -273,27 +300,20 @@ static int is_own_name(ferry_engine_t *engine, const char *name)
     return strcmp(name, engine->name) == 0 || strcmp(name, engine->rpc_endpoint) == 0;
 }
 
-ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
-                                        ferry_segment_t **segment_p)
+/* The entry named name with one more open (*created_p 0), or a new one
+ * (*created_p 1) that is fetching: the caller settles it. */
+static ferry_status_t cache_enter(ferry_engine_t *engine, const char *name,
+                                  ferry_segment_t **segment_p, int *created_p)
 {
     ferry_segment_cache_t *cache = &engine->segments;
     pthread_mutex_lock(&cache->lock);
     ferry_segment_t *segment = cache->list;
     while (segment && strcmp(segment->name, name) != 0)
         segment = segment->next;
+    *created_p = segment == NULL;
     if (segment != NULL) {
         segment->opens++;
         pthread_mutex_unlock(&cache->lock);
-        /* Another thread may still be fetching it: share that fetch. */
-        pthread_mutex_lock(&segment->lock);
-        while (segment->fetching)
-            pthread_cond_wait(&segment->changed, &segment->lock);
-        ferry_status_t status = segment->desc ? FERRY_OK : segment->fetch_status;
-        pthread_mutex_unlock(&segment->lock);
-        if (status != FERRY_OK) {
-            ferry_segment_cache_close(engine, segment);
-            return status;
-        }
         *segment_p = segment;
         return FERRY_OK;
     }
@@ -309,33 +329,95 @@ ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name
     segment->opens = 1;
     segment->fetching = 1;
     segment->is_local = is_own_name(engine, name);
+    segment->stats = ferry_stats_peer(&engine->stats, name);
     segment->handle = ferry_handle_alloc(FERRY_HANDLE_SEGMENT, segment, engine);
     segment->next = cache->list;
     cache->list = segment;
     pthread_mutex_unlock(&cache->lock);
+    *segment_p = segment;
+    return FERRY_OK;
+}
 
-    ferry_descriptor_t *desc = NULL;
-    ferry_status_t status;
-    if (segment->handle == 0)
-        status = FERRY_ERR_NO_RESOURCE;
-    else if (segment->is_local)
-        status = (desc = local_descriptor(engine)) ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
-    else
-        status = fetch_descriptor(engine, name, &desc);
+/* An entry found open: once another thread's first fetch of it ended, its
+ * outcome (the open dropped again on failure). */
+static ferry_status_t cache_joined(ferry_engine_t *engine, ferry_segment_t *segment)
+{
+    pthread_mutex_lock(&segment->lock);
+    while (segment->fetching)
+        pthread_cond_wait(&segment->changed, &segment->lock);
+    ferry_status_t status = segment->desc ? FERRY_OK : segment->fetch_status;
+    pthread_mutex_unlock(&segment->lock);
+    if (status != FERRY_OK)
+        ferry_segment_cache_close(engine, segment);
+    return status;
+}
 
+/* A new entry's first descriptor (or why there is none) becomes visible. */
+static ferry_status_t cache_settle(ferry_engine_t *engine, ferry_segment_t *segment,
+                                   ferry_descriptor_t *desc, ferry_status_t status,
+                                   int from_blob)
+{
     pthread_mutex_lock(&segment->lock);
     segment->desc = desc;
+    segment->from_blob = from_blob;
     segment_changed(segment);
     segment->fetch_status = status;
     segment->fetching = 0;
     pthread_cond_broadcast(&segment->changed);
     pthread_mutex_unlock(&segment->lock);
-    if (status != FERRY_OK) {
+    if (status != FERRY_OK)
         ferry_segment_cache_close(engine, segment);
+    return status;
+}
+
+ferry_status_t ferry_segment_cache_open(ferry_engine_t *engine, const char *name,
+                                        ferry_segment_t **segment_p)
+{
+    ferry_segment_t *segment;
+    int created;
+    ferry_status_t status = cache_enter(engine, name, &segment, &created);
+    if (status != FERRY_OK)
         return status;
+    if (!created) {
+        /* Another thread may still be fetching it: share that fetch. */
+        status = cache_joined(engine, segment);
+    } else {
+        ferry_descriptor_t *desc = NULL;
+        if (segment->handle == 0)
+            status = FERRY_ERR_NO_RESOURCE;
+        else if (segment->is_local)
+            status = (desc = local_descriptor(engine)) ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
+        else
+            status = fetch_descriptor(engine, name, &desc);
+        status = cache_settle(engine, segment, desc, status, 0);
     }
-    *segment_p = segment;
-    return FERRY_OK;
+    if (status == FERRY_OK)
+        *segment_p = segment;
+    return status;
+}
+
+ferry_status_t ferry_segment_cache_open_desc(ferry_engine_t *engine, ferry_descriptor_t *desc,
+                                             ferry_segment_t **segment_p)
+{
+    ferry_segment_t *segment;
+    int created;
+    ferry_status_t status = cache_enter(engine, desc->name, &segment, &created);
+    if (status != FERRY_OK)
+        return status;
+    if (!created) {
+        status = cache_joined(engine, segment);
+    } else if (segment->handle == 0) {
+        status = cache_settle(engine, segment, NULL, FERRY_ERR_NO_RESOURCE, 1);
+    } else if (segment->is_local) {
+        ferry_descriptor_t *own = local_descriptor(engine);
+        status = cache_settle(engine, segment, own, own ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND,
+                              0);
+    } else {
+        status = cache_settle(engine, segment, ferry_descriptor_ref(desc), FERRY_OK, 1);
+    }
+    if (status == FERRY_OK)
+        *segment_p = segment;
+    return status;
 }
 
 void ferry_segment_cache_close(ferry_engine_t *engine, ferry_segment_t *segment)
@@ -381,11 +463,14 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
 
     ferry_descriptor_t *desc = NULL;
     ferry_status_t status = FERRY_ERR_UNSUPPORTED;
+    int from_blob = segment->from_blob; /* set before the first desc: held under lock */
     if (segment->is_local)
         status = (desc = local_descriptor(engine)) ? FERRY_OK : FERRY_ERR_SEGMENT_NOT_FOUND;
+    else if (from_blob)
+        status = held != NULL ? owner_refresh(engine, held, &desc) : FERRY_ERR_SEGMENT_NOT_FOUND;
     else if (held != NULL)
         status = fetch_changes(engine, segment->name, held, &desc);
-    if (status == FERRY_ERR_UNSUPPORTED && held != NULL && !segment->is_local &&
+    if (status == FERRY_ERR_UNSUPPORTED && held != NULL && !segment->is_local && !from_blob &&
         !(engine->metadata_plugin->flags & FERRY_METADATA_OWNER_SERVES)) {
         int missing;
         status = store_changes(engine, segment->name, held, &desc, &missing);
@@ -396,7 +481,7 @@ ferry_status_t ferry_segment_refetch(ferry_engine_t *engine, ferry_segment_t *se
         if (status == FERRY_OK && desc != held)
             ferry_engine_confirm_base_pass(engine, held, desc);
     }
-    if (status == FERRY_ERR_UNSUPPORTED)
+    if (status == FERRY_ERR_UNSUPPORTED && !from_blob)
         status = fetch_descriptor(engine, segment->name, &desc);
     if (held != NULL)
         ferry_descriptor_unref(held);
@@ -605,13 +690,25 @@ static ferry_segment_t *segment_lookup(ferry_engine_t *engine, ferry_segment_h h
     return ferry_handle_lookup((uint64_t)(uintptr_t)handle, FERRY_HANDLE_SEGMENT, engine);
 }
 
-ferry_status_t ferry_segment_close(ferry_engine_h handle, ferry_segment_h segment_handle)
+ferry_status_t ferry_segment_resolve(ferry_engine_h engine_handle, ferry_segment_h segment_handle,
+                                     ferry_engine_t **engine_p, ferry_segment_t **segment_p)
 {
-    ferry_engine_t *engine = ferry_engine_lookup(handle);
+    ferry_engine_t *engine = ferry_engine_lookup(engine_handle);
     if (engine == NULL)
         return FERRY_ERR_INVALID_HANDLE;
     ferry_segment_t *segment = segment_lookup(engine, segment_handle);
     if (segment == NULL)
+        return FERRY_ERR_INVALID_HANDLE;
+    *engine_p = engine;
+    *segment_p = segment;
+    return FERRY_OK;
+}
+
+ferry_status_t ferry_segment_close(ferry_engine_h handle, ferry_segment_h segment_handle)
+{
+    ferry_engine_t *engine;
+    ferry_segment_t *segment;
+    if (ferry_segment_resolve(handle, segment_handle, &engine, &segment) != FERRY_OK)
         return FERRY_ERR_INVALID_HANDLE;
     ferry_segment_cache_close(engine, segment);
     return FERRY_OK;
@@ -628,11 +725,9 @@ ferry_status_t ferry_segment_refresh(ferry_engine_h handle, const char *name)
 ferry_status_t ferry_segment_describe(ferry_engine_h handle, ferry_segment_h segment_handle,
                                       char **json_p)
 {
-    ferry_engine_t *engine = ferry_engine_lookup(handle);
-    if (engine == NULL)
-        return FERRY_ERR_INVALID_HANDLE;
-    ferry_segment_t *segment = segment_lookup(engine, segment_handle);
-    if (segment == NULL)
+    ferry_engine_t *engine;
+    ferry_segment_t *segment;
+    if (ferry_segment_resolve(handle, segment_handle, &engine, &segment) != FERRY_OK)
         return FERRY_ERR_INVALID_HANDLE;
     if (json_p == NULL)
         return FERRY_ERR_INVALID_PARAM;

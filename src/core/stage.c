@@ -226,6 +226,10 @@ ferry_status_t ferry_engine_stage_in(void *arg, void *token, void *dst, size_t l
                                      void *fill_arg)
 {
     ferry_engine_t *engine = arg;
+    const ferry_reg_entry_t *entry = token;
+    if (entry != NULL && entry->storage != NULL)
+        return ferry_storage_stage_in(entry->storage, (uint64_t)(uintptr_t)dst, length, fill,
+                                      fill_arg);
     stage_run_t run;
     ferry_status_t status = run_open(engine, token, dst, &run);
     size_t chunk = engine->stage.chunk_size;
@@ -247,6 +251,10 @@ ferry_status_t ferry_engine_stage_out(void *arg, void *token, const void *src, s
                                       void *drain_arg)
 {
     ferry_engine_t *engine = arg;
+    const ferry_reg_entry_t *entry = token;
+    if (entry != NULL && entry->storage != NULL)
+        return ferry_storage_stage_out(entry->storage, (uint64_t)(uintptr_t)src, length, drain,
+                                       drain_arg);
     stage_run_t run;
     ferry_status_t status = run_open(engine, token, src, &run);
     size_t chunk = engine->stage.chunk_size;
@@ -273,5 +281,6 @@ ferry_status_t ferry_engine_stage_out(void *arg, void *token, const void *src, s
 int ferry_engine_access_is_device(void *engine, void *token)
 {
     (void)engine;
-    return ((const ferry_reg_entry_t *)token)->accel != NULL;
+    const ferry_reg_entry_t *entry = token;
+    return entry->accel != NULL || entry->storage != NULL;
 }

@@ -277,6 +277,7 @@ static void *initiator_thread(void *arg)
         return NULL;
     }
     size_t next = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)ctx; /* --random */
     unsigned round = 0, turn = 0;
     double begin = ferry_bench_now(), end = begin + o->duration;
     /* Latency samples are the mean of LATENCY_GROUP consecutive requests
@@ -294,7 +295,9 @@ static void *initiator_thread(void *arg)
         slot->first = next;
         slot->round = round;
         for (size_t i = 0; i < o->batch_size; i++, next++) {
-            size_t offset = (next % slots_in_buffer) * o->block_size;
+            size_t block = o->random ? (size_t)(ferry_bench_random(&rng) % slots_in_buffer)
+                                     : next % slots_in_buffer;
+            size_t offset = block * o->block_size;
             if (o->verify && o->write && fill_block(ctx, offset, round, scratch) != 0) {
                 ctx->failed = 1;
                 break;
@@ -516,6 +519,8 @@ static int run_initiator(const options_t *o, const char *segment_name)
                n_samples, o->local_memory, o->remote_memory);
     }
     ferry_bench_samples_free(&samples);
+    if (o->stats)
+        ferry_bench_stats_print(engine, stdout);
     fflush(stdout);
     pthread_barrier_destroy(&start);
     free(ctxs);

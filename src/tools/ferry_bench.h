@@ -4,6 +4,8 @@
 
 #include <ferry/ferry.h>
 
+#include <stdio.h>
+
 /* The command line (ferry_bench_options.c parses it). */
 typedef struct ferry_bench_options {
     const char *mode;
@@ -23,11 +25,22 @@ typedef struct ferry_bench_options {
     int pingpong;       /* --pingpong: half round trips of writes, see ferry_bench_pingpong.c */
     int baseline;       /* --memcpy-baseline */
     unsigned window;    /* --window: batches kept in flight by each thread */
+    int random;         /* --random: blocks at random offsets of the buffer */
     /* --memory (both), --local-memory (the initiator's buffers),
      * --remote-memory (the target's): ferry_bench_memory.c */
     const char *local_memory;
     const char *remote_memory;
+    int stats;          /* --stats: the engine's statistics after the run */
 } ferry_bench_options_t;
+
+/* --random's generator (xorshift64*): cheap, and the same sequence each run. */
+static inline uint64_t ferry_bench_random(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return *state * 0x2545f4914f6cdd1dull;
+}
 
 /* 0, or -1 after a message on stderr (--help prints usage and exits). */
 int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o);
@@ -74,6 +87,8 @@ int ferry_bench_memory_valid(const char *memory);
 const char *ferry_bench_memory_location(const char *memory);
 /* Whether it is device memory, which the CPU must never touch. */
 int ferry_bench_memory_is_device(const char *memory);
+/* Whether it is a storage buffer ("file:PATH"): a target's buffer only. */
+int ferry_bench_memory_is_storage(const char *memory);
 unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *memory, size_t size);
 void ferry_bench_buffer_release(ferry_engine_h engine, const char *memory, unsigned char *buffer);
 
@@ -98,6 +113,10 @@ ferry_status_t ferry_bench_get(ferry_bench_self_t *self, const char *memory, voi
 ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory,
                                 unsigned char *buffer, size_t length,
                                 unsigned char (*byte)(size_t index, void *arg), void *arg);
+
+/* ferry_bench_stats.c: --stats, the engine's statistics per transport and
+ * per peer (ferry_stats_snapshot) as a short table, and STATS lines. */
+void ferry_bench_stats_print(ferry_engine_h engine, FILE *out);
 
 /* --metadata-ops: control-plane latency, in ferry_bench_metadata.c */
 int ferry_bench_metadata_main(int argc, char **argv);

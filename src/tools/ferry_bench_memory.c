@@ -15,17 +15,59 @@
 
 #include <ferry/plugin.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Own-segment copies go through a host buffer of this size at most. */
 #define STAGING_MAX ((size_t)4 << 20)
+
+/* "file:PATH": a storage buffer (ferry_register_storage) of the file or
+ * block device at PATH; its addresses are no memory, so it is filled and
+ * checked through the engine, as device memory is. */
+static const char *storage_path(const char *memory)
+{
+    return strncmp(memory, "file:", 5) == 0 ? memory + 5 : NULL;
+}
+
+int ferry_bench_memory_is_storage(const char *memory)
+{
+    return storage_path(memory) != NULL;
+}
+
+/* PATH's first size bytes, registered; a regular file is made or grown to
+ * that size first. */
+static ferry_status_t storage_acquire(ferry_engine_h engine, const char *path, size_t size,
+                                      void **addr_p)
+{
+    struct stat st;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "ferry_bench: %s: %s\n", path, strerror(errno));
+        return FERRY_ERR_IO;
+    }
+    int grown = fstat(fd, &st) == 0 && (!S_ISREG(st.st_mode) || (size_t)st.st_size >= size ||
+                                        ftruncate(fd, (off_t)size) == 0);
+    close(fd);
+    if (!grown) {
+        fprintf(stderr, "ferry_bench: %s: cannot make it %zu bytes\n", path, size);
+        return FERRY_ERR_IO;
+    }
+    ferry_storage_region_t region = {.field_mask = FERRY_STORAGE_FIELD_LENGTH, .path = path,
+                                     .length = size};
+    return ferry_register_storage(engine, &region, addr_p);
+}
 
 int ferry_bench_memory_valid(const char *memory)
 {
     if (strcmp(memory, "heap") == 0 || strcmp(memory, "ferry") == 0)
         return 1;
+    if (storage_path(memory) != NULL)
+        return storage_path(memory)[0] == '/';
     /* kind[:qualifier], the syntax ferry_alloc takes; "*" (detect from the
      * pointer) names no memory to allocate. */
     size_t i = 0;
@@ -56,7 +98,9 @@ unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *mem
 {
     void *p = NULL;
     ferry_status_t status;
-    if (strcmp(memory, "heap") != 0) {
+    if (storage_path(memory) != NULL) {
+        status = storage_acquire(engine, storage_path(memory), size, &p);
+    } else if (strcmp(memory, "heap") != 0) {
         status =
             ferry_alloc(engine, size, ferry_bench_memory_location(memory), FERRY_REG_REMOTE, &p);
     } else if (posix_memalign(&p, 4096, size) != 0) {
@@ -75,7 +119,9 @@ unsigned char *ferry_bench_buffer_acquire(ferry_engine_h engine, const char *mem
 
 void ferry_bench_buffer_release(ferry_engine_h engine, const char *memory, unsigned char *buffer)
 {
-    if (strcmp(memory, "heap") != 0) {
+    if (storage_path(memory) != NULL) {
+        ferry_unregister(engine, buffer);
+    } else if (strcmp(memory, "heap") != 0) {
         ferry_free(engine, buffer);
     } else {
         ferry_unregister(engine, buffer);
@@ -164,5 +210,15 @@ ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory, un
         status = self_copy(self, FERRY_OP_WRITE, staging, buffer + done, n);
     }
     free(staging);
+    if (status == FERRY_OK && storage_path(memory) != NULL) {
+        /* The fill's dirty pages written back and dropped now, not during
+         * the measurement (fio's layout does the same before its run). */
+        int fd = open(storage_path(memory), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            fdatasync(fd);
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
     return status;
 }

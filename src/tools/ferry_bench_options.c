@@ -31,6 +31,12 @@ static void usage(FILE *out)
         "                        location is given to ferry_alloc: cpu, cxl (the CXL window\n"
         "                        of FERRY_CXL_PATH), cuda:0, hip:0, testgpu:0 (device\n"
         "                        memory: filled and checked through the engine only)\n"
+        "                        file:PATH: the target's buffer is a storage buffer, the\n"
+        "                        first bytes of the file or block device PATH (a file is\n"
+        "                        made or grown to the buffer's size); the initiator's\n"
+        "                        buffers stay \"ferry\" (a request's local side is memory)\n"
+        "  --random              each request at a random block of the buffer (as fio's\n"
+        "                        randread and randwrite), not the next one\n"
         "  --local-memory=MEMORY   the initiator's buffers only\n"
         "  --remote-memory=MEMORY  the target's buffer only\n"
         "  --window=N            batches each thread keeps in flight (default 1): with\n"
@@ -48,6 +54,9 @@ static void usage(FILE *out)
         "                        buffer for the reply (as ucx_perftest put_lat and OSU\n"
         "                        latency do); prints half the round trip (median, 99th\n"
         "                        percentile of 32-round-trip means); block >= 8 bytes\n"
+        "  --stats               after the run, the engine's statistics (requests,\n"
+        "                        failures, bytes, latency percentiles per transport and\n"
+        "                        per peer: ferry_stats_snapshot) as a table and STATS lines\n"
         "Before the run, the time of the first request to the target (a request of at\n"
         "most 64 bytes, submit to completion: connections and GPU IPC opens included)\n"
         "is printed on a line starting with FIRST.\n"
@@ -71,6 +80,8 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         {"local-memory", required_argument, NULL, 'l'},
         {"remote-memory", required_argument, NULL, 'r'},
         {"window", required_argument, NULL, 'W'},
+        {"random", no_argument, NULL, 'R'},
+        {"stats", no_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (ferry_bench_options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -91,6 +102,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         case 'V': o->via = optarg; break;
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
+        case 'X': o->stats = 1; break;
         case 'A':
         case 'l':
         case 'r':
@@ -100,11 +112,17 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
                         "local-memory" : "remote-memory", optarg);
                 return -1;
             }
-            if (opt != 'r')
+            if (opt == 'l' && ferry_bench_memory_is_storage(optarg)) {
+                fprintf(stderr, "ferry_bench: --local-memory cannot be storage: a request's "
+                        "local buffer is memory (--remote-memory=%s)\n", optarg);
+                return -1;
+            }
+            if (opt != 'r' && !ferry_bench_memory_is_storage(optarg))
                 o->local_memory = optarg;
             if (opt != 'l')
                 o->remote_memory = optarg;
             break;
+        case 'R': o->random = 1; break;
         case 'W':
             if (ferry_tool_parse_count(optarg, 1, 1024, &o->window)) {
                 fprintf(stderr, "ferry_bench: --window is 1..1024\n");
@@ -170,6 +188,10 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
                         ferry_bench_memory_is_device(o->remote_memory))) {
         fprintf(stderr, "ferry_bench: --pingpong polls its buffers with the CPU: host memory "
                 "only\n");
+        return -1;
+    }
+    if (o->random && (o->verify || o->pingpong)) {
+        fprintf(stderr, "ferry_bench: --random goes with neither --verify nor --pingpong\n");
         return -1;
     }
     if (o->window > 1 && (o->verify || o->latency || o->pingpong)) {

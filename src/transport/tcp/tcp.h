@@ -385,6 +385,8 @@ ferry_status_t ferry_tcp_request_parse(const unsigned char *bytes, size_t max_sl
 /* ---- tcp_peer.c ---- */
 ferry_status_t ferry_tcp_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
 void ferry_tcp_peer_forget(void *ctx, const ferry_peer_t *peer);
+/* tcp_cancel.c: the transport op; queued slices of those owners only. */
+void ferry_tcp_cancel(void *ctx, const void *owner_lo, const void *owner_hi);
 /* Shut every peer down and wait until every initiator connection closed. */
 void ferry_tcp_peers_destroy(ferry_tcp_t *tcp);
 void ferry_tcp_peer_ref(ferry_tcp_peer_t *peer);

@@ -252,6 +252,7 @@ static const ferry_transport_ops_t tcp_ops = {
     .slice_size = tcp_slice_size,
     .stop = tcp_stop,
     .local_memory = tcp_local_memory,
+    .cancel = ferry_tcp_cancel,
 };
 
 static const ferry_plugin_t tcp_plugin = {
@@ -260,7 +261,7 @@ static const ferry_plugin_t tcp_plugin = {
     .name = "tcp",
     .description = "native TCP sockets; no staging copies, any host",
     .priority = 10,
-    .flags = 0,
+    .flags = FERRY_TRANSPORT_SERVES_STORAGE,
     .settings = tcp_settings,
     .settings_count = FERRY_ARRAY_SIZE(tcp_settings),
     .settings_component = "TCP",

@@ -343,7 +343,9 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
         try_flush(conn); /* not held while a large payload arrives */
 
     void *token = NULL;
-    ferry_access_t access = op == FERRY_TCP_OP_WRITE ? FERRY_ACCESS_WRITE : FERRY_ACCESS_READ;
+    /* a storage buffer comes as "device" memory: staged through its file */
+    ferry_access_t access = (op == FERRY_TCP_OP_WRITE ? FERRY_ACCESS_WRITE : FERRY_ACCESS_READ) |
+                            FERRY_ACCESS_STORAGE;
     ferry_status_t granted = FERRY_ERR_OUT_OF_RANGE;
     if (addr + length > addr) /* no wrap-around: a range the engine can judge */
         granted = tcp->svc.access_acquire(tcp->svc.engine, addr, length, access, &token);

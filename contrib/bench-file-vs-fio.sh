@@ -1,0 +1,101 @@
+#!/bin/sh
+# Compare the file transport (ferry_bench --remote-memory=file:PATH, a target
+# process owning the file, this process doing the I/O) with fio on the same
+# file, engine, block size, queue depth and direct flag, runs interleaved.
+# Prints each run, then the medians of $RUNS runs and ferry / fio.  Then
+# (TCP=1, the default) tcp serving a storage buffer (a page-cache file on
+# /dev/shm, the target doing the I/O) against tcp serving memory, 1 MiB
+# reads, interleaved the same way.
+# Usage: contrib/bench-file-vs-fio.sh [BUILD_DIR]
+#   FILE (default /tmp/ferry-bench-fio.dat), SIZE (default 256m: the file and
+#   the range both use), RUNS (3), SECONDS_PER_RUN (5).  fio runs with
+#   --direct=1: the file transport uses O_DIRECT for aligned I/O (all of it
+#   here: 4 KiB blocks of page-aligned buffers).
+set -eu
+. "$(dirname "$0")/bench-lib.sh"
+build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+bench=$build/ferry_bench
+file=${FILE:-/tmp/ferry-bench-fio.dat}
+size=${SIZE:-256m}
+runs=${RUNS:-3}
+seconds=${SECONDS_PER_RUN:-5}
+direct=1
+export FERRY_RPC_ADDRESS=127.0.0.1 FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$build/modules/.libs}
+command -v fio >/dev/null || { echo "fio is not installed (contrib/install-deps.sh)" >&2; exit 1; }
+[ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
+
+# fio: one job; prints IOPS or GB/s (10^9 bytes) of the operation
+fio_run() { # engine rw bs iodepth unit [numjobs]
+    op=read
+    case $2 in *write) op=write ;; esac
+    fio --name=bench --filename="$file" --size="$size" --ioengine="$1" --rw="$2" --bs="$3" \
+        --iodepth="$4" --numjobs="${6:-1}" --group_reporting --direct="$direct" --time_based \
+        --runtime="$seconds" --norandommap --randrepeat=0 --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+d=json.load(sys.stdin)["jobs"][0][sys.argv[1]]
+print("%.0f" % d["iops"] if sys.argv[2] == "iops" else "%.4f" % (d["bw_bytes"] / 1e9))' "$op" "$5"
+}
+
+# ferry_bench: requests in flight = window (one request per batch)
+ferry_run() { # engine op bs in_flight unit random
+    FERRY_FILE_ENGINE=$1 FERRY_FILE_THREADS=${THREADS:-4} "$bench" --spawn \
+        --remote-memory=file:"$file" --buffer-size="$size" --operation="$2" --block-size="$3" \
+        --batch-size=1 --window="$4" $6 --duration="$seconds" |
+        if [ "$5" = iops ]; then sed -n 's/^RESULT.* requests_per_s=\([0-9.]*\).*/\1/p'
+        else sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'; fi
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# the file, written once, so that neither side measures its growth
+fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --ioengine=psync \
+    --direct=0 >/dev/null 2>&1
+
+# label | ferry engine | fio engine | ferry op | fio rw | bs | depth | unit | random | fio jobs
+cases='4k-randread-qd32|uring|io_uring|read|randread|4k|32|iops|--random|1
+4k-randwrite-qd32|uring|io_uring|write|randwrite|4k|32|iops|--random|1
+1m-read-qd16|uring|io_uring|read|read|1m|16|gbps||1
+1m-write-qd16|uring|io_uring|write|write|1m|16|gbps||1
+4k-randread-threads4|threads|psync|read|randread|4k|4|iops|--random|4'
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); file $file ($size), direct=$direct"
+for run in $(seq "$runs"); do
+    echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs; do
+        f=$(ferry_run "$fe" "$op" "$bs" "$depth" "$unit" "$random")
+        # the threads engine against fio's psync jobs: one I/O in flight per job
+        fdepth=$depth
+        [ "$jobs" = 1 ] || fdepth=1
+        g=$(fio_run "$fioe" "$rw" "$bs" "$fdepth" "$unit" "$jobs")
+        echo "$f" >>"$tmp/$label.ferry"
+        echo "$g" >>"$tmp/$label.fio"
+        printf 'run %s %-22s ferry %12s   fio %12s %s   load %s\n' "$run" "$label" "$f" "$g" \
+            "$unit" "$(cut -d' ' -f1 /proc/loadavg)"
+    done
+done
+echo "medians of $runs runs (load average after: $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs; do
+    f=$(median <"$tmp/$label.ferry")
+    g=$(median <"$tmp/$label.fio")
+    printf '%-22s ferry %12s   fio %12s %s   ferry/fio %s\n' "$label" "$f" "$g" "$unit" \
+        "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')"
+done
+
+[ "${TCP:-1}" = 1 ] || exit 0
+shm_file=/dev/shm/ferry-bench-tcp-storage.dat
+tcp_run() { # remote memory
+    FERRY_TRANSPORTS=tcp "$bench" --spawn --transport=tcp --remote-memory="$1" \
+        --buffer-size=64m --operation=read --block-size=1m --batch-size=32 \
+        --duration="$seconds" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
+}
+for run in $(seq "$runs"); do
+    m=$(tcp_run ferry)
+    s=$(tcp_run "file:$shm_file")
+    echo "$m" >>"$tmp/tcp.memory"
+    echo "$s" >>"$tmp/tcp.storage"
+    printf 'run %s tcp 1m read: memory %s GB/s, storage %s GB/s   load %s\n' "$run" "$m" "$s" \
+        "$(cut -d' ' -f1 /proc/loadavg)"
+done
+rm -f "$shm_file"
+m=$(median <"$tmp/tcp.memory")
+s=$(median <"$tmp/tcp.storage")
+printf 'tcp 1m read (medians): memory %s GB/s, storage %s GB/s, storage/memory %s\n' "$m" "$s" \
+    "$(awk -v s="$s" -v m="$m" 'BEGIN {printf "%.2f", s / m}')"
