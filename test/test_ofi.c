@@ -13,9 +13,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ferry/ferry.h>
+#include <glob.h>
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +43,34 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* libfabric 1.17's shm leaves a killed process's regions in /dev/shm
+ * (16 MiB each), under the names the module gives its endpoints. */
+static size_t shm_regions_of(pid_t pid, int remove)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof(pattern), "/dev/shm/ferry-%ld-*", (long)pid);
+    glob_t found;
+    if (glob(pattern, 0, NULL, &found) != 0)
+        return 0;
+    size_t count = found.gl_pathc;
+    for (size_t i = 0; remove && i < count; i++)
+        unlink(found.gl_pathv[i]);
+    globfree(&found);
+    return count;
+}
+
+/* Kill a peer and remove what its shm endpoints left. */
+static void kill_peer(peer_process_t *peer)
+{
+    pid_t pid = peer->pid;
+    peer_kill(peer, SIGKILL);
+    shm_regions_of(pid, 1);
+}
+
 static ferry_engine_h engine;
+/* A peer the test stopped (SIGSTOP): killed by stop() even when an
+ * assertion ended the test first, so that no frozen process outlives it. */
+static pid_t stopped_peer;
 static unsigned char *local;
 static size_t local_size = 72 * MIB;
 
@@ -65,6 +94,11 @@ static void start(const char *provider)
 
 static void stop(void)
 {
+    if (stopped_peer > 0) {
+        kill(stopped_peer, SIGKILL);
+        shm_regions_of(stopped_peer, 1);
+    }
+    stopped_peer = 0;
     if (engine)
         ferry_engine_destroy(engine);
     engine = NULL;
@@ -291,6 +325,8 @@ static void *kill_later(void *arg)
     struct killer *k = arg;
     usleep(k->delay_ms * 1000);
     k->at = now();
+    if (k->sig == SIGSTOP)
+        stopped_peer = k->victim->pid;
     kill(k->victim->pid, k->sig);
     return NULL;
 }
@@ -323,10 +359,28 @@ static void bystander_served_then_stop_both(peer_process_t *victim, ferry_segmen
     cr_assert_str_eq(peer_cmd(bystander, "check 0 %zu 8", 4 * MIB), "OK");
     if (sig != SIGKILL)
         kill(victim->pid, SIGKILL);
-    peer_kill(victim, SIGKILL);
+    kill_peer(victim);
     ferry_segment_close(engine, victim_seg);
     ferry_segment_close(engine, bystander_seg);
     peer_stop(bystander);
+}
+
+/* Every request of the batch COMPLETED or FAILED with
+ * FERRY_ERR_PEER_FAILED; returns how many failed. */
+static int count_peer_failed(ferry_batch_h batch, int count)
+{
+    int failed = 0;
+    for (int i = 0; i < count; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
+        if (xs.state == FERRY_XFER_FAILED) {
+            failed++;
+            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
+                         ferry_status_string(xs.error));
+        }
+    }
+    return failed;
 }
 
 /* Batches of 64 large writes (or reads) to a victim, hurt while they run:
@@ -362,18 +416,7 @@ static void check_failure_within_bound(const char *provider, int sig, ferry_opco
     cr_assert_neq(status, FERRY_OK, "requests cannot keep succeeding once the peer is gone");
     cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
     cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_OFI_TIMEOUT=2 s)", elapsed);
-    int failed = 0;
-    for (int i = 0; i < N; i++) {
-        ferry_xfer_status_t xs;
-        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
-        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
-        if (xs.state == FERRY_XFER_FAILED) {
-            failed++;
-            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
-                         ferry_status_string(xs.error));
-        }
-    }
-    cr_assert_gt(failed, 0);
+    cr_assert_gt(count_peer_failed(batch, N), 0);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 
     /* Other peers are unaffected. */
@@ -464,7 +507,7 @@ static void restarted_peer(const char *provider)
     cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
     test_pattern_fill(local, MIB, 1);
     cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first.arena, MIB, "ofi"), FERRY_OK);
-    peer_kill(&first, SIGKILL);
+    kill_peer(&first);
     char address[64];
     snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
     const char *env[] = {address, NULL};
@@ -591,4 +634,272 @@ Test(ofi, stale_shm_region_of_a_dead_process_with_our_pid_is_no_obstacle)
     for (int i = 0; i < 2; i++)
         unlink(stale[i]);
     cr_assert_eq(status, FERRY_OK, "%s", ferry_status_string(status));
+}
+
+/* ---- one lane for every peer (ofi_lane.c) ---- */
+
+static long rss_kib(void)
+{
+    FILE *status = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (status != NULL && fgets(line, sizeof(line), status) != NULL)
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    if (status != NULL)
+        fclose(status);
+    return kib;
+}
+
+/* FERRY_TEST_OFI_PEERS peers (8) from one process: 1 MiB written to each
+ * and read back in one batch, bytes checked; the engine's memory does not
+ * grow with the peers (one target endpoint and one lane, not an endpoint
+ * per peer: that was 87 MiB each on rxm).  The RSS goes to the log. */
+static void many_peers(const char *provider)
+{
+    const char *wanted = getenv("FERRY_TEST_OFI_PEERS");
+    unsigned n = wanted != NULL ? (unsigned)atoi(wanted) : 8;
+    cr_assert(n >= 1 && n <= 64);
+    /* Peers cheap to run: rxm's receive pool cut down (README.md), unless
+     * the caller chose (both sides must agree: with another buffer size
+     * rxm refused every post to the peer).  Peers inherit it. */
+    setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
+    setenv("FI_OFI_RXM_BUFFER_SIZE", "4096", 0);
+    long before = rss_kib();
+    start(provider);
+    long engine_kib = rss_kib() - before - (long)(local_size >> 10);
+    peer_process_t *peers = calloc(n, sizeof(*peers));
+    ferry_segment_h *segments = calloc(n, sizeof(*segments));
+    ferry_request_t *reqs = calloc(2 * n, sizeof(*reqs));
+    cr_assert(peers != NULL && segments != NULL && reqs != NULL);
+    for (unsigned i = 0; i < n; i++) {
+        cr_assert_eq(peer_start(&peers[i], NULL), 0, "peer %u did not start", i);
+        cr_assert_str_eq(peer_cmd(&peers[i], "reg 0 %zu", MIB), "OK");
+        cr_assert_eq(ferry_segment_open(engine, peers[i].name, &segments[i]), FERRY_OK);
+        test_pattern_fill(local + i * MIB, MIB, 40 + i);
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local + i * MIB,
+                                    .target = segments[i], .target_offset = peers[i].arena,
+                                    .length = MIB};
+    }
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 2 * n, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, n), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    for (unsigned i = 0; i < n; i++) {
+        cr_assert_str_eq(peer_cmd(&peers[i], "check 0 %zu %u", MIB, 40 + i), "OK", "peer %u", i);
+        reqs[i].opcode = FERRY_OP_READ;
+        reqs[i].local = local + (size_t)(n + i) * MIB;
+    }
+    cr_assert_eq(ferry_batch_submit(batch, reqs, n), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 30000), FERRY_OK);
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(test_pattern_check(local + (size_t)(n + i) * MIB, MIB, 40 + i), SIZE_MAX,
+                     "read back from peer %u", i);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    long total_kib = rss_kib() - before - (long)(local_size >> 10);
+    fprintf(stderr, "ofi: %s, %u peers: engine RSS %ld KiB after create, %ld KiB with every "
+            "peer connected (FI_OFI_RXM_MSG_RX_SIZE=%s, FI_OFI_RXM_BUFFER_SIZE=%s)\n", provider, n,
+            engine_kib, total_kib, getenv("FI_OFI_RXM_MSG_RX_SIZE"),
+            getenv("FI_OFI_RXM_BUFFER_SIZE"));
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* two endpoints at most: rxm's defaults cost ~93 MiB each (the
+     * sanitizers' shadow memory would swamp it) */
+    cr_assert_lt(total_kib, 300 * 1024, "%ld KiB for %u peers", total_kib, n);
+#endif
+    for (unsigned i = 0; i < n; i++) {
+        ferry_segment_close(engine, segments[i]);
+        peer_stop(&peers[i]);
+    }
+    free(reqs);
+    free(segments);
+    free(peers);
+}
+
+Test(ofi, many_peers_share_one_lane_over_tcp_rxm)
+{
+    many_peers(TCP);
+}
+
+Test(ofi, many_peers_share_one_lane_over_shm)
+{
+    many_peers(SHM);
+}
+
+enum { HEALTHY = 3, HEALTHY_LENGTH = 4 << 20 };
+
+/* One round for the healthy peers: two 4 MiB writes to each, then the
+ * same read back, bytes checked on both sides. */
+static void healthy_round(peer_process_t *healthy, ferry_segment_h *segments, unsigned round)
+{
+    ferry_request_t reqs[2 * HEALTHY];
+    unsigned char *source = local + 16 * MIB, *sink = local + 48 * MIB;
+    for (unsigned i = 0; i < HEALTHY; i++) {
+        test_pattern_fill(source + i * HEALTHY_LENGTH, HEALTHY_LENGTH, round * 16 + i);
+        for (unsigned half = 0; half < 2; half++)
+            reqs[2 * i + half] = (ferry_request_t){
+                .opcode = FERRY_OP_WRITE,
+                .local = source + i * HEALTHY_LENGTH + half * (HEALTHY_LENGTH / 2),
+                .target = segments[i],
+                .target_offset = healthy[i].arena + half * (HEALTHY_LENGTH / 2),
+                .length = HEALTHY_LENGTH / 2};
+    }
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 2 * HEALTHY, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, 2 * HEALTHY), FERRY_OK);
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    cr_assert_eq(status, FERRY_OK, "round %u: %s", round, ferry_status_string(status));
+    for (unsigned i = 0; i < HEALTHY; i++) {
+        cr_assert_str_eq(peer_cmd(&healthy[i], "check 0 %d %u", HEALTHY_LENGTH, round * 16 + i),
+                         "OK", "round %u, peer %u", round, i);
+        for (unsigned half = 0; half < 2; half++) {
+            reqs[2 * i + half].opcode = FERRY_OP_READ;
+            reqs[2 * i + half].local = sink + i * HEALTHY_LENGTH + half * (HEALTHY_LENGTH / 2);
+        }
+    }
+    memset(sink, 0, HEALTHY * HEALTHY_LENGTH);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, 2 * HEALTHY), FERRY_OK);
+    status = ferry_batch_wait(batch, 20000);
+    cr_assert_eq(status, FERRY_OK, "round %u: %s", round, ferry_status_string(status));
+    for (unsigned i = 0; i < HEALTHY; i++)
+        cr_assert_eq(test_pattern_check(sink + i * HEALTHY_LENGTH, HEALTHY_LENGTH,
+                                        round * 16 + i), SIZE_MAX, "round %u, read of peer %u",
+                     round, i);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+}
+
+/* Waits for the victim's batch on a thread of its own, so that the time
+ * of its failure is not the end of whichever healthy round runs then. */
+struct victim_wait {
+    ferry_batch_h batch;
+    ferry_status_t status;
+    double done_at;
+    atomic_int done;
+};
+
+static void *wait_for_victim(void *arg)
+{
+    struct victim_wait *w = arg;
+    w->status = ferry_batch_wait(w->batch, 30000);
+    w->done_at = now();
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* A victim among HEALTHY peers, all on the one lane: 16 writes of 16 MiB
+ * to the victim in flight when it is hurt (frozen: nothing ever completes;
+ * killed: rxm resets, shm says nothing), while rounds to the healthy ones
+ * go on.  The victim's requests FAIL within the bound; every healthy
+ * round completes with its bytes checked, those caught by the fence too
+ * (posted again on a fresh lane), and after it. */
+static void victim_among_healthy(const char *provider, int sig)
+{
+    start(provider);
+    peer_process_t victim, healthy[HEALTHY];
+    ferry_segment_h victim_seg, segments[HEALTHY];
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 64 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    for (unsigned i = 0; i < HEALTHY; i++) {
+        cr_assert_eq(peer_start(&healthy[i], NULL), 0);
+        cr_assert_str_eq(peer_cmd(&healthy[i], "reg 0 %d", HEALTHY_LENGTH), "OK");
+        cr_assert_eq(ferry_segment_open(engine, healthy[i].name, &segments[i]), FERRY_OK);
+    }
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, victim_seg, victim.arena, 4096, "ofi"),
+                 FERRY_OK);
+    healthy_round(healthy, segments, 0);
+
+    enum { N = 16 };
+    ferry_request_t reqs[N];
+    /* the source is local's first 16 MiB, which no healthy round touches */
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
+                                    .target = victim_seg,
+                                    .target_offset = victim.arena + (size_t)(i % 4) * 16 * MIB,
+                                    .length = 16 * MIB};
+    ferry_batch_h victim_batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &victim_batch), FERRY_OK);
+    /* shm (1.17) posts under a spin lock in the peer's region: a peer
+     * killed while it holds it leaves our post spinning for good (seen
+     * under ThreadSanitizer; README.md, "Faults").  So a shm victim dies
+     * before its requests, as in killed_peer_over_shm; its pidfd says so. */
+    int kill_first = sig == SIGKILL && strcmp(provider, SHM) == 0;
+    if (kill_first) {
+        kill(victim.pid, SIGKILL);
+        usleep(50 * 1000);
+    }
+    if (sig == SIGSTOP) {
+        stopped_peer = victim.pid;
+        kill(victim.pid, SIGSTOP); /* before: every write is surely caught */
+    }
+    double hurt_at = now();
+    cr_assert_eq(ferry_batch_submit(victim_batch, reqs, N), FERRY_OK);
+    if (sig == SIGKILL && !kill_first) {
+        usleep(20 * 1000);
+        hurt_at = now();
+        kill(victim.pid, SIGKILL);
+    }
+    struct victim_wait wait = {.batch = victim_batch};
+    pthread_t waiter;
+    cr_assert_eq(pthread_create(&waiter, NULL, wait_for_victim, &wait), 0);
+    unsigned round = 1;
+    while (!atomic_load(&wait.done) && now() - hurt_at < 15.0)
+        healthy_round(healthy, segments, round++);
+    pthread_join(waiter, NULL);
+    double elapsed = wait.done_at - hurt_at;
+    cr_assert_neq(wait.status, FERRY_ERR_TIMEOUT, "the victim's requests must FAIL, not hang");
+    cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_OFI_TIMEOUT=2 s)", elapsed);
+    int failed = count_peer_failed(victim_batch, N);
+    cr_assert_gt(failed, 0);
+    cr_assert_eq(ferry_batch_destroy(victim_batch), FERRY_OK);
+    fprintf(stderr, "ofi: %s, victim %s: %d of %d failed after %.2f s; %u healthy rounds\n",
+            provider, sig == SIGSTOP ? "frozen" : "killed", failed, N, elapsed, round - 1);
+    for (unsigned more = 0; more < 2; more++)
+        healthy_round(healthy, segments, round++);
+
+    if (sig != SIGKILL)
+        kill(victim.pid, SIGKILL);
+    kill_peer(&victim);
+    ferry_segment_close(engine, victim_seg);
+    for (unsigned i = 0; i < HEALTHY; i++) {
+        ferry_segment_close(engine, segments[i]);
+        peer_stop(&healthy[i]);
+    }
+}
+
+Test(ofi, frozen_peer_among_healthy_ones_over_tcp_rxm)
+{
+    victim_among_healthy(TCP, SIGSTOP);
+}
+
+Test(ofi, frozen_peer_among_healthy_ones_over_shm)
+{
+    victim_among_healthy(SHM, SIGSTOP);
+}
+
+Test(ofi, killed_peer_among_healthy_ones_over_tcp_rxm)
+{
+    victim_among_healthy(TCP, SIGKILL);
+}
+
+Test(ofi, killed_peer_among_healthy_ones_over_shm)
+{
+    victim_among_healthy(SHM, SIGKILL);
+}
+
+/* What the engine's shm endpoints made in /dev/shm goes with the engine. */
+Test(ofi, engine_leaves_nothing_in_dev_shm)
+{
+    start(SHM);
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ofi"), FERRY_OK);
+    cr_assert_gt(shm_regions_of(getpid(), 0), 0, "no region under our pid: names changed?");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    ferry_engine_destroy(engine);
+    engine = NULL;
+    cr_assert_eq(shm_regions_of(getpid(), 0), 0, "regions left in /dev/shm");
 }

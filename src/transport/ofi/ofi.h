@@ -19,33 +19,62 @@
  *
  * Objects and lifetimes:
  *   ferry_ofi_t       the transport: fabric, domain, the target endpoint
- *                     (published, serves peers' RMA), the peer table, one
+ *                     (published, serves peers' RMA, never closed while the
+ *                     engine runs), the current lane, the peer list, one
  *                     progress thread.  Teardown order (ofi_context.c):
- *                     thread joined -> peers closed (their ops FAILED) ->
- *                     target endpoint -> registrations (by the engine) ->
- *                     domain -> fabric.
+ *                     thread joined -> lane closed (every op FAILED) -> peers
+ *                     dropped -> target endpoint -> registrations (by the
+ *                     engine) -> domain -> fabric -> our /dev/shm names.
+ *   ferry_ofi_lane_t  the one initiator endpoint every peer shares (own CQ
+ *                     and AV; ofi_lane.c).  Replaced by a fresh one when a
+ *                     silent peer must be fenced: closing the endpoint is
+ *                     the only thing that makes the provider let go of the
+ *                     local buffers of ops still posted (README.md, "Faults").
  *   ferry_ofi_peer_t  one peer incarnation (endpoint string + generation):
- *                     an initiator endpoint of its own, with its own CQ and
- *                     AV.  Own, because closing it is what stops the
- *                     provider from touching the local buffers of ops still
- *                     posted to a peer that stopped answering (README.md,
- *                     "Faults"), without touching other peers' ops.
- *   ferry_ofi_op_t    one posted fi_writemsg/fi_readmsg (one slice); its
- *                     fi_context2 is the CQ entry's op_context.
+ *                     its ops (posted on the lane, or pending: not yet
+ *                     accepted by the provider), its address on the lane.
+ *   ferry_ofi_op_t    one slice: pending, then one fi_writemsg/fi_readmsg
+ *                     posted on a lane; its fi_context2 is the CQ entry's
+ *                     op_context.  A fence may move it back to pending.
  *   ferry_ofi_mem_t   one registration (memh of mem_register).
  *
- * Peer references (refs): the table's (dropped when the peer leaves the
- * table: peer_forget, stop), one per caller between ferry_ofi_peer_get and
- * ferry_ofi_peer_put (submit, progress, the thread's sweep).  The last put
- * closes the endpoint (if still open) and frees the peer.
+ * Peer references (refs): the table's (dropped by peer_forget and stop;
+ * in_table then 0), one per op (taken at submit, dropped when the op is
+ * finished), one per caller between ferry_ofi_peer_get (or the busy list)
+ * and ferry_ofi_peer_put.  A peer stays in ofi->peers until its last
+ * reference goes (so a fence finds every op, a forgotten peer's too); the
+ * last put unlinks it under ofi->lock and frees it.  Its address stays in
+ * the lane's AV (never fi_av_remove: ofi_peer.c).  Lists taken under
+ * ofi->lock reference a peer only if its refs are not already 0.
  *
- * Locks:
- *   ferry_ofi_t.lock       the peer table (peers, next).
- *   peer->ep_lock (rwlock) read: posting and reading the CQ (the provider
- *                          is FI_THREAD_SAFE); write: closing the endpoint.
- *                          ep, cq, av are NULL once closed.
- *   peer->lock (mutex)     ops list, posted, state, why, last_activity_ms.
- *   Never peer->lock while taking ep_lock; no lock across a blocking call.
+ * Lane references: none are counted.  ofi->lane is read only under
+ * lane_lock: read-held by whoever posts on it or reads its CQ (submit's
+ * pump, the progress op, the thread) for the length of those calls, never
+ * across a wait; write-held by the fence and by stop, which swap or close
+ * it.  So no one can be inside the old lane when it is closed, and a
+ * posted op records the lane id it was posted on (not a pointer).  Across
+ * a swap: the fence holds the write lock while it closes the old lane and
+ * sorts its ops, sets ofi->lane to NULL (posts then leave ops pending, CQ
+ * reads find nothing), drops the lock, finishes the failed ops, opens the
+ * fresh lane with no lock held, and installs it under the write lock
+ * again.  The old lane's memory is freed by the fence (or kept in
+ * ofi->parked) once the write lock has shut everybody out of it; the
+ * thread, submit and the progress op only ever hold ofi->lane under the
+ * read lock, so none can still point at it.
+ *
+ * Locks, in the order they are taken:
+ *   ferry_ofi_t.lane_lock (rwlock)  ofi->lane (pointer and endpoint);
+ *                                   read: post, CQ read, fi_av_insert
+ *                                   (FI_THREAD_SAFE); write: swap or close
+ *                                   the lane.
+ *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
+ *   peer->lock (mutex)              posted and pending lists and counts,
+ *                                   state, why, last_activity_ms,
+ *                                   lane_id, addr, attempted, connected,
+ *                                   pumping.
+ *   No lock is held across slice_done/slices_done, across a
+ *   ferry_ofi_peer_put, or while a fresh lane is opened (a new rxm lane
+ *   takes ~230 ms).
  */
 #ifndef FERRY_OFI_H
 #define FERRY_OFI_H
@@ -58,6 +87,7 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -72,6 +102,8 @@
  * look is this old (a restarted peer is noticed before anything is posted
  * to the dead one). */
 #define FERRY_OFI_LIVENESS_MS 20
+/* The same through the peer's pidfd (a poll), at most this often. */
+#define FERRY_OFI_PIDFD_US 1000
 /* CQ entries read per call. */
 #define FERRY_OFI_CQ_BATCH 32
 
@@ -83,55 +115,77 @@ typedef struct ferry_ofi_settings {
     char *completion;    /* COMPLETION: delivery | transmit */
     char *progress;      /* PROGRESS: wait | poll */
     unsigned nap_us;     /* NAP */
+    unsigned spin_us;    /* SPIN */
     int hmem;            /* HMEM */
 } ferry_ofi_settings_t;
 
 typedef enum ferry_ofi_peer_state {
     FERRY_OFI_PEER_OK = 0,
-    FERRY_OFI_PEER_FAILED = 1, /* endpoint closed, ops failed; submit refuses */
+    FERRY_OFI_PEER_FAILED = 1, /* ops failed or failing; submit refuses */
 } ferry_ofi_peer_state_t;
 
 typedef struct ferry_ofi ferry_ofi_t;
 typedef struct ferry_ofi_op ferry_ofi_op_t;
 
+/* The shared initiator endpoint (ofi_lane.c). */
+typedef struct ferry_ofi_lane {
+    uint64_t id;         /* 1, 2, ...: which lane a peer's address or an op belongs to */
+    struct fid_ep *ep;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    /* tcp;ofi_rxm: a peer failed here after its posts were refused
+     * (-FI_EAGAIN: rxm was still connecting) and never accepted: rxm keeps
+     * a connection attempt to it pending, and closing such an endpoint
+     * crashed libfabric 1.17.  The lane is parked instead of closed. */
+    atomic_int suspect;
+} ferry_ofi_lane_t;
+
 typedef struct ferry_ofi_peer {
     ferry_ofi_t *ofi;
     char *endpoint;       /* the descriptor's string (our copy) */
     uint64_t generation;
+    void *address;        /* the peer's target address (fi_av_insert), for every lane */
+    size_t address_length;
     long pid;             /* same kernel and pid namespace, else 0 */
     unsigned long long start_time;
     int pidfd;            /* pidfd_open(pid), or -1 */
     atomic_uint refs;
-    atomic_uint_fast64_t checked_ms; /* last liveness look (same-host peers) */
-
-    pthread_rwlock_t ep_lock;
-    struct fid_ep *ep;
-    struct fid_cq *cq;
-    struct fid_av *av;
-    fi_addr_t addr;
+    atomic_uint_fast64_t checked_us; /* last liveness look (same-host peers) */
+    atomic_int dead;      /* seen gone once: never looked at again */
 
     pthread_mutex_t lock;
-    ferry_ofi_op_t *ops;  /* posted, not completed (doubly linked) */
+    ferry_ofi_op_t *posted_ops;  /* accepted by the provider (doubly linked) */
     unsigned posted;
-    atomic_uint busy;     /* == posted, read without the lock */
+    ferry_ofi_op_t *pending_head, *pending_tail; /* not yet accepted, in order */
+    unsigned pending;
     ferry_ofi_peer_state_t state;
-    ferry_status_t why;   /* state FAILED: the status its ops got */
-    uint64_t last_activity_ms; /* last completion, or the post that made posted 1 */
+    ferry_status_t why;   /* state FAILED: the status its ops get */
+    uint64_t last_activity_ms; /* last completion or accepted post, or when it became busy */
+    uint64_t lane_id;     /* the lane addr is valid on; 0: not inserted */
+    fi_addr_t addr;
+    int attempted;        /* a post was tried on lane_id */
+    int connected;        /* a post was accepted on lane_id */
+    int pumping;          /* somebody posts its pending ops now */
+    atomic_uint busy;     /* posted + pending, read without the lock */
 
-    struct ferry_ofi_peer *next; /* table; ferry_ofi_t.lock */
+    int in_table;                /* ofi->lock */
+    struct ferry_ofi_peer *next; /* ofi->peers; ofi->lock */
 } ferry_ofi_peer_t;
 
 struct ferry_ofi_op {
     struct fi_context2 context; /* first: what the CQ entry gives back */
     ferry_slice_t *slice;
-    ferry_ofi_peer_t *peer;
+    ferry_ofi_peer_t *peer;  /* referenced */
+    uint64_t rma_addr;       /* the target address as the provider wants it */
+    uint64_t rkey;           /* the key, mapped when FI_MR_RAW */
+    uint64_t lane_id;        /* posted on that lane */
     struct fid_mr *local_mr; /* registered for this op only (FI_MR_LOCAL), or NULL */
     uint64_t raw_key;        /* mapped with fi_mr_map_raw for this op (FI_MR_RAW) */
     int raw_mapped;
     ferry_ofi_op_t *prev, *next;
 };
 
-/* An endpoint that could not be closed safely (ofi_peer.c, must_park). */
+/* A lane that could not be closed safely (ofi_lane.c, must_park). */
 typedef struct ferry_ofi_parked {
     struct fid_ep *ep;
     struct fid_cq *cq;
@@ -156,7 +210,10 @@ struct ferry_ofi {
     struct fi_info *info;    /* the provider in use */
     int software;            /* a software provider (tcp, shm, ...) */
     int silent_deaths;       /* a dead peer gives no CQ error (shm): the sweep
-                                looks a same-host peer up in /proc */
+                                looks a same-host peer up (pidfd) */
+    int target_copies;       /* the target moves a write's bytes (shm: its CMA
+                                copy), so a busy initiator may back off; on
+                                rxm our own CQ reads move them */
     int mr_mode;             /* info->domain_attr->mr_mode */
     int hmem;                /* FI_HMEM asked and offered */
     unsigned window;         /* min(settings.window, tx_attr->size) */
@@ -168,15 +225,26 @@ struct ferry_ofi {
     struct fid_cq *target_cq;
     struct fid_av *target_av;
     int target_fd;           /* the target CQ's wait fd, or -1 (shm has none) */
+    /* Counts peers' RMA served by the target endpoint (FI_RMA_EVENT, where
+     * the provider offers it: shm), or NULL: the only sign that a peer is
+     * using us, since served RMA leaves no CQ entry. */
+    struct fid_cntr *target_cntr;
+    atomic_uint_fast64_t target_served; /* its last value read */
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
     atomic_uint next_name;   /* endpoints named so far (ferry_ofi_name_endpoint) */
     char *address;           /* our endpoint string; immutable after create */
 
-    int park_on_silence;     /* tcp;ofi_rxm: see ofi_peer.c, must_park */
+    pthread_rwlock_t lane_lock;
+    ferry_ofi_lane_t *lane;  /* NULL: stopped, or a fresh lane could not be opened */
+    atomic_uint_fast64_t lanes_opened;
+    atomic_uint lanes_closed; /* fences so far (tests and logs) */
+
+    int park_on_silence;     /* tcp;ofi_rxm: see ofi_lane.c, must_park */
     pthread_mutex_t lock;    /* peers, parked */
-    ferry_ofi_peer_t *peers;
+    ferry_ofi_peer_t *peers; /* every peer alive, in the table or not */
     ferry_ofi_parked_t *parked; /* never closed: domain and fabric stay too */
-    atomic_uint busy_peers;  /* peers with ops posted: the thread polls */
+    atomic_uint busy_peers;  /* peers with ops posted or pending: the thread polls */
+    atomic_uint pending_ops; /* ops pending on all peers: the thread pumps */
 
     pthread_t thread;
     int thread_started;
@@ -214,6 +282,12 @@ void ferry_ofi_print_info(FILE *out);
  * that a killed process leaves behind, which made the next process given
  * that pid fail fi_enable with EBUSY). */
 int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep);
+/* AV and endpoint (bound to cq, the AV and cntr if not NULL, named,
+ * enabled) of what. */
+ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_cntr *cntr,
+                                       struct fid_av **av_p, struct fid_ep **ep_p,
+                                       const char *what);
+uint64_t ferry_ofi_time_us(void);
 /* Whether the provider's core (the part before ';') is software. */
 int ferry_ofi_provider_is_software(const char *prov_name);
 
@@ -230,48 +304,77 @@ typedef struct ferry_ofi_key {
     size_t raw_length;
 } ferry_ofi_key_t;
 ferry_status_t ferry_ofi_key_parse(const char *text, ferry_ofi_key_t *key_p);
-/* The op's local descriptor: the registration's, or an MR made for the op
- * (op->local_mr) where the provider needs one (FI_MR_LOCAL). */
-ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, void **desc_p);
+/* The op's local descriptor for a post on ep: the registration's, or an MR
+ * made for the op (op->local_mr) where the provider needs one (FI_MR_LOCAL). */
+ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, struct fid_ep *ep,
+                                    void **desc_p);
+/* Release what the op registered for itself (local_mr). */
+void ferry_ofi_op_release_local(ferry_ofi_op_t *op);
 /* Release what the op registered or mapped for itself. */
 void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op);
 
+/* ---- ofi_lane.c ---- */
+/* Open the first lane (context start). */
+ferry_status_t ferry_ofi_lane_start(ferry_ofi_t *ofi);
+/* A peer of the lane with that id went silent with ops posted on it: close
+ * (or park) the lane, fail the ops of every failed peer, put every other
+ * peer's unfinished ops back to pending, and open a fresh lane.  Nothing
+ * when the lane was already replaced.  No lock held by the caller. */
+void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why);
+/* Stop: close (or park) the lane; every op posted or pending fails with
+ * FERRY_ERR_CANCELED.  After the thread is joined. */
+void ferry_ofi_lane_stop(ferry_ofi_t *ofi);
+/* The peer's address on the current lane (inserted on first use of each
+ * lane).  Caller holds lane_lock for reading and p->lock. */
+int ferry_ofi_lane_address(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, ferry_ofi_peer_t *p);
+/* A peer failed after its posts were refused and none accepted (rxm still
+ * connecting): that lane must never be closed (ofi_lane.c, must_park). */
+void ferry_ofi_lane_suspect(ferry_ofi_t *ofi, uint64_t lane_id);
+
 /* ---- ofi_peer.c ---- */
-/* The peer incarnation's entry (created and connected on first use),
- * referenced.  FERRY_ERR_PEER_FAILED: failed (or found dead); FERRY_ERR_STALE:
- * the entry of that endpoint has another generation; FERRY_ERR_CONNECT:
- * the endpoint string is bad or the provider refused the address. */
+/* The peer incarnation's entry (created on first use), referenced.
+ * FERRY_ERR_PEER_FAILED: failed (or found dead); FERRY_ERR_STALE: the
+ * entry of that endpoint has another generation; FERRY_ERR_CONNECT: the
+ * endpoint string is bad. */
 ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
                                   ferry_ofi_peer_t **p_p);
+/* Another reference to a peer the caller holds one of. */
+void ferry_ofi_peer_ref(ferry_ofi_peer_t *p, unsigned count);
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p);
 /* Whether the peer's process is gone (same-host peers only; see ofi_peer.c). */
 int ferry_ofi_peer_dead(ferry_ofi_peer_t *p);
-/* Mark failed (first status wins), close the endpoint (or park it:
- * ofi_peer.c), fail its ops.  provider_saw_it: a CQ error entry said so. */
+/* Mark failed (first status wins), fail its pending ops, and fence the
+ * lane when ops of it are posted there and the provider will not say
+ * (provider_saw_it: a CQ error entry said so, and rxm reports every other
+ * op of that peer the same way).  No lock held by the caller. */
 void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
                          int provider_saw_it);
 int ferry_ofi_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key);
 void ferry_ofi_peer_forget(void *ctx, const ferry_peer_t *peer);
-/* Every peer referenced into a NULL-terminated array (malloc-ed); the
- * caller puts each. */
+/* Every busy peer referenced into an array (malloc-ed); the caller puts each. */
 ferry_ofi_peer_t **ferry_ofi_peers_busy(ferry_ofi_t *ofi, size_t *count_p);
-/* Fail peers whose ops have seen no completion for the timeout. */
+/* Fail peers that are gone, or whose ops have seen nothing for the timeout. */
 void ferry_ofi_peers_sweep(ferry_ofi_t *ofi);
-/* Leave the table and close every peer (stop). */
+/* Drop the table's references (stop, after the lane is closed). */
 void ferry_ofi_peers_close_all(ferry_ofi_t *ofi);
 
 /* ---- ofi_xfer.c ---- */
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
-/* Read the peer's CQ and finish what completed; returns how many.  Caller
- * holds a reference. */
-unsigned ferry_ofi_peer_progress(ferry_ofi_peer_t *p);
+/* Post the peer's pending ops while its window has room and the lane
+ * accepts them; returns how many were posted.  Caller holds a reference. */
+unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p);
+/* Read the lane's CQ and finish what completed; returns how many. */
+unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi);
 /* Drive the target endpoint (rxm and shm serve peers' RMA only while
  * somebody reads its CQ). */
 unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi);
-/* Take the oldest op posted to the peer off its list (NULL: none).
- * Whoever takes an op off the list finishes it, exactly once. */
-ferry_ofi_op_t *ferry_ofi_op_pop(ferry_ofi_peer_t *p);
-/* Finish an op taken off the list: its slice done with status, freed. */
-void ferry_ofi_op_complete(ferry_ofi_op_t *op, ferry_status_t status);
+/* Op lists (caller holds p->lock). */
+void ferry_ofi_posted_link(ferry_ofi_peer_t *p, ferry_ofi_op_t *op);
+void ferry_ofi_posted_unlink(ferry_ofi_peer_t *p, ferry_ofi_op_t *op);
+void ferry_ofi_pending_push_front(ferry_ofi_peer_t *p, ferry_ofi_op_t *op);
+ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p);
+/* Finish a chain of ops (linked by next) taken off their lists with one
+ * status: slices done, peer references dropped, ops freed. */
+void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status);
 
 #endif

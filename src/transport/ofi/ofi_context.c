@@ -4,11 +4,14 @@
  *
  * Order of create (each step undone by context_close in reverse):
  *   fi_getinfo -> fabric -> domain -> target CQ, AV, endpoint (enabled) ->
- *   endpoint string -> wake eventfd -> progress thread.
- * Order of stop (quiesce, then close): thread joined -> peers closed (their
- * ops FAILED) -> [engine deregisters memory] -> target endpoint, AV, CQ ->
- * domain -> fabric -> fi_info.  libfabric answers -FI_EBUSY to closing a
- * parent whose children live, so that order is the only one that works.
+ *   endpoint string -> the lane (ofi_lane.c) -> wake eventfd -> progress
+ *   thread.
+ * Order of stop (quiesce, then close): thread joined -> lane closed (every
+ * op posted or pending FAILED) -> the table's peer references dropped ->
+ * [engine deregisters memory] -> target endpoint, AV, CQ -> domain ->
+ * fabric -> fi_info -> the /dev/shm regions of the endpoints we named.
+ * libfabric answers -FI_EBUSY to closing a parent whose children live, so
+ * that order is the only one that works.
  */
 #include "ofi.h"
 
@@ -21,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,7 +42,7 @@ int ferry_ofi_provider_is_software(const char *prov_name)
     return 0;
 }
 
-static struct fi_info *make_hints(const char *prov_name, int hmem)
+static struct fi_info *make_hints(const char *prov_name, int hmem, int rma_event)
 {
     struct fi_info *hints = fi_allocinfo();
     if (hints == NULL)
@@ -47,6 +51,8 @@ static struct fi_info *make_hints(const char *prov_name, int hmem)
     hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     if (hmem)
         hints->caps |= FI_HMEM;
+    if (rma_event)
+        hints->caps |= FI_RMA_EVENT;
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     /* Every MR mode we honour (ofi_mem.c); the provider keeps the ones it needs. */
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
@@ -67,10 +73,10 @@ static struct fi_info *make_hints(const char *prov_name, int hmem)
 /* fi_getinfo for that provider; on IP providers the endpoint binds to the
  * host we advertise (two namespaces' veth, a chosen interface), else to the
  * provider's own choice. */
-static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
-                    struct fi_info **info_p)
+static int get_info_with(const ferry_ofi_t *ofi, const char *prov_name, int hmem, int rma_event,
+                         struct fi_info **info_p)
 {
-    struct fi_info *hints = make_hints(prov_name, hmem);
+    struct fi_info *hints = make_hints(prov_name, hmem, rma_event);
     if (hints == NULL)
         return -FI_ENOMEM;
     int ret = -FI_ENODATA;
@@ -84,11 +90,25 @@ static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
     return ret;
 }
 
+/* With FI_RMA_EVENT where the provider offers it without asking for
+ * FI_MR_RMA_EVENT (shm): the target's counter of RMA served (ofi.h). */
+static int get_info(const ferry_ofi_t *ofi, const char *prov_name, int hmem,
+                    struct fi_info **info_p)
+{
+    if (get_info_with(ofi, prov_name, hmem, 1, info_p) == 0) {
+        if (!((*info_p)->domain_attr->mr_mode & FI_MR_RMA_EVENT))
+            return 0;
+        fi_freeinfo(*info_p);
+        *info_p = NULL;
+    }
+    return get_info_with(ofi, prov_name, hmem, 0, info_p);
+}
+
 /* "a, b, c": the providers fi_getinfo offers for RDM endpoints with RMA
  * (malloc-ed; "none" when there are none). */
 static char *providers_seen(void)
 {
-    struct fi_info *hints = make_hints(NULL, 0), *list = NULL;
+    struct fi_info *hints = make_hints(NULL, 0, 0), *list = NULL;
     size_t size = 256, used = 0;
     char *text = malloc(size);
     if (text == NULL)
@@ -160,6 +180,7 @@ static ferry_status_t choose_provider(ferry_ofi_t *ofi)
     ofi->mr_mode = ofi->info->domain_attr->mr_mode;
     ofi->software = ferry_ofi_provider_is_software(ofi->info->fabric_attr->prov_name);
     ofi->silent_deaths = strcmp(ofi->info->fabric_attr->prov_name, "shm") == 0;
+    ofi->target_copies = ofi->silent_deaths;
     ofi->park_on_silence = strstr(ofi->info->fabric_attr->prov_name, "ofi_rxm") != NULL;
     size_t tx = ofi->info->tx_attr->size;
     ofi->window = tx != 0 && tx < ofi->settings.window ? (unsigned)tx : ofi->settings.window;
@@ -178,6 +199,37 @@ int ferry_ofi_name_endpoint(ferry_ofi_t *ofi, struct fid_ep *ep)
     return fi_setname(&ep->fid, name, (size_t)length + 1);
 }
 
+ferry_status_t ferry_ofi_endpoint_open(ferry_ofi_t *ofi, struct fid_cq *cq, struct fid_cntr *cntr,
+                                       struct fid_av **av_p, struct fid_ep **ep_p,
+                                       const char *what)
+{
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    const char *step = "fi_av_open";
+    int ret;
+    if ((ret = fi_av_open(ofi->domain, &av_attr, av_p, NULL)) != 0)
+        goto err;
+    step = "fi_endpoint";
+    if ((ret = fi_endpoint(ofi->domain, ofi->info, ep_p, NULL)) != 0)
+        goto err;
+    step = "fi_ep_bind";
+    if ((ret = fi_ep_bind(*ep_p, &(*av_p)->fid, 0)) != 0 ||
+        (ret = fi_ep_bind(*ep_p, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+        (cntr != NULL &&
+         (ret = fi_ep_bind(*ep_p, &cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0))
+        goto err;
+    step = "fi_setname";
+    if ((ret = ferry_ofi_name_endpoint(ofi, *ep_p)) != 0)
+        goto err;
+    step = "fi_enable";
+    if ((ret = fi_enable(*ep_p)) != 0)
+        goto err;
+    return FERRY_OK;
+err:
+    ferry_error("ofi: %s (%s, %s): %s", step, what, ofi->info->fabric_attr->prov_name,
+                fi_strerror(-ret));
+    return ferry_ofi_status(ret);
+}
+
 static ferry_status_t open_target(ferry_ofi_t *ofi)
 {
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_FD};
@@ -194,28 +246,16 @@ static ferry_status_t open_target(ferry_ofi_t *ofi)
     if (cq_attr.wait_obj == FI_WAIT_FD &&
         fi_control(&ofi->target_cq->fid, FI_GETWAIT, &ofi->target_fd) != 0)
         ofi->target_fd = -1;
-    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
-    const char *step = "fi_av_open";
-    if ((ret = fi_av_open(ofi->domain, &av_attr, &ofi->target_av, NULL)) != 0)
-        goto err;
-    step = "fi_endpoint";
-    if ((ret = fi_endpoint(ofi->domain, ofi->info, &ofi->target_ep, NULL)) != 0)
-        goto err;
-    step = "fi_ep_bind";
-    if ((ret = fi_ep_bind(ofi->target_ep, &ofi->target_av->fid, 0)) != 0 ||
-        (ret = fi_ep_bind(ofi->target_ep, &ofi->target_cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
-        goto err;
-    step = "fi_setname";
-    if ((ret = ferry_ofi_name_endpoint(ofi, ofi->target_ep)) != 0)
-        goto err;
-    step = "fi_enable";
-    if ((ret = fi_enable(ofi->target_ep)) != 0)
-        goto err;
-    return FERRY_OK;
-err:
-    ferry_error("ofi: %s (target endpoint, %s): %s", step, ofi->info->fabric_attr->prov_name,
-                fi_strerror(-ret));
-    return ferry_ofi_status(ret);
+    if (ofi->info->caps & FI_RMA_EVENT) {
+        struct fi_cntr_attr cntr_attr = {.events = FI_CNTR_EVENTS_COMP,
+                                         .wait_obj = FI_WAIT_NONE};
+        if ((ret = fi_cntr_open(ofi->domain, &cntr_attr, &ofi->target_cntr, NULL)) != 0) {
+            ferry_debug("ofi: fi_cntr_open: %s (no count of RMA served)", fi_strerror(-ret));
+            ofi->target_cntr = NULL;
+        }
+    }
+    return ferry_ofi_endpoint_open(ofi, ofi->target_cq, ofi->target_cntr, &ofi->target_av,
+                                   &ofi->target_ep, "target endpoint");
 }
 
 static ferry_status_t make_address(ferry_ofi_t *ofi)
@@ -251,19 +291,29 @@ void ferry_ofi_wake(ferry_ofi_t *ofi)
     }
 }
 
-/* Every busy peer's CQ, then the target's. */
+/* Post what peers have pending (a full window or a refused post left it
+ * there, or a fence put it back). */
+static unsigned pump_pending(ferry_ofi_t *ofi)
+{
+    if (atomic_load_explicit(&ofi->pending_ops, memory_order_acquire) == 0)
+        return 0;
+    unsigned events = 0;
+    size_t count = 0;
+    ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
+    for (size_t i = 0; i < count; i++) {
+        events += ferry_ofi_peer_pump(busy[i]);
+        ferry_ofi_peer_put(busy[i]);
+    }
+    free(busy);
+    return events;
+}
+
+/* The lane's CQ, what is pending, then the target's CQ. */
 static unsigned progress_all(ferry_ofi_t *ofi)
 {
     unsigned events = 0;
-    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
-        size_t count = 0;
-        ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
-        for (size_t i = 0; i < count; i++) {
-            events += ferry_ofi_peer_progress(busy[i]);
-            ferry_ofi_peer_put(busy[i]);
-        }
-        free(busy);
-    }
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0)
+        events = ferry_ofi_lane_progress(ofi) + pump_pending(ofi);
     return events + ferry_ofi_target_progress(ofi);
 }
 
@@ -298,45 +348,76 @@ static void wait_wake(ferry_ofi_t *ofi, unsigned us)
 }
 
 /* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
-static void sleep_idle(ferry_ofi_t *ofi, int timeout_ms)
+static void sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 {
     atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
-    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 ||
-        atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
-        atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
-        return;
-    }
-    struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN}, {.fd = -1}};
-    nfds_t n = 1;
     struct fid *cq = &ofi->target_cq->fid;
-    if (ofi->target_fd >= 0 && fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
-        fds[1] = (struct pollfd){.fd = ofi->target_fd, .events = POLLIN};
-        n = 2;
-    } else if (ofi->target_fd >= 0) {
-        timeout_ms = 0; /* the CQ has something: read it */
-    } else {
-        timeout_ms = 0; /* no wait object: nap below */
-    }
-    if (timeout_ms > 0 && poll(fds, n, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0 &&
+        !atomic_load_explicit(&ofi->stop, memory_order_acquire) &&
+        fi_trywait(ofi->fabric, &cq, 1) == FI_SUCCESS) {
+        struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN},
+                                {.fd = ofi->target_fd, .events = POLLIN}};
         uint64_t count;
-        if (read(ofi->wake_fd, &count, sizeof(count)) < 0)
+        if (poll(fds, 2, timeout_ms) > 0 && (fds[0].revents & POLLIN) &&
+            read(ofi->wake_fd, &count, sizeof(count)) < 0)
             count = 0;
-    }
+    } /* else the CQ has something: read it */
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
-    if (ofi->target_fd < 0)
-        wait_wake(ofi, ofi->settings.nap_us);
 }
 
-/* Polls while ops are posted (manual progress: on tcp;ofi_rxm the reads of
- * the CQ are what move the bytes), keeps off while callers poll
- * (ferry_batch_wait's spin), sleeps otherwise: on the target CQ's fd where
- * the provider has one, else in naps, since rxm and shm serve peers' RMA
- * only while somebody reads the target endpoint's CQ. */
+/* The thread's state between looks. */
+typedef struct pace {
+    uint64_t last_event_us; /* the last completion, RMA served or wakeup */
+    unsigned nap_us;        /* the back-off nap, growing while nothing happens */
+} pace_t;
+
+/* Nothing happened in this look.  While ops are posted where our own CQ
+ * reads move their bytes (rxm): keep polling, yielding.  Idle with a wait
+ * fd (rxm): sleep on it.  Without one (shm): keep polling for the spin
+ * window after the last event (RMA served counts), then back off in
+ * growing naps (from 1 us: ops posted up to 64 us, idle up to
+ * FERRY_OFI_NAP).  A peer's RMA (fd), a submit or a caller's
+ * progress_leave ends a nap or sleep. */
+static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
+{
+    int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
+    if (ofi->poll_mode || (busy && !ofi->target_copies)) {
+        sched_yield();
+        return;
+    }
+    if (!busy && ofi->target_fd >= 0) {
+        /* A peer's RMA wakes the fd: no spin window (on this shared
+         * 2-core host, spinning after each event made an 8 B write over
+         * tcp;ofi_rxm take 80 us with sched_yield and 0.3-2 ms without,
+         * against ~45 us sleeping on the fd) */
+        unsigned timeout = ofi->settings.timeout_ms / 4;
+        sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+        pace->nap_us = 0;
+        return;
+    }
+    if (ferry_ofi_time_us() - pace->last_event_us < ofi->settings.spin_us) {
+        sched_yield();
+        return;
+    }
+    unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
+    pace->nap_us = pace->nap_us ? FERRY_OFI_MIN(pace->nap_us * 2, most) : 1;
+    wait_wake(ofi, pace->nap_us);
+}
+
+/* Polls while ops are posted or pending (manual progress: on tcp;ofi_rxm
+ * the reads of the CQ are what move the bytes), keeps off while callers
+ * poll (ferry_batch_wait's spin), keeps polling for FERRY_OFI_SPIN after
+ * each event, then backs off; rxm and shm serve peers' RMA only while
+ * somebody reads the target endpoint's CQ. */
 static void *progress_thread(void *arg)
 {
     ferry_ofi_t *ofi = arg;
     uint64_t seen_polls = 0, last_sweep = ferry_ofi_time_ms();
     unsigned off_us = 0;
+    pace_t pace = {.last_event_us = ferry_ofi_time_us()};
+    /* naps of a few microseconds mean what they say (the default slack is
+     * 50 us) */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     while (!atomic_load_explicit(&ofi->stop, memory_order_acquire)) {
         uint64_t now = ferry_ofi_time_ms();
         if (now - last_sweep >= 10) {
@@ -350,18 +431,16 @@ static void *progress_thread(void *arg)
             seen_polls = polls;
             off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
             wait_wake(ofi, off_us);
+            pace.last_event_us = ferry_ofi_time_us();
             continue;
         }
         off_us = 0;
-        unsigned events = progress_all(ofi);
-        if (events != 0)
-            continue;
-        if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0 || ofi->poll_mode) {
-            sched_yield();
+        if (progress_all(ofi) != 0) {
+            pace.last_event_us = ferry_ofi_time_us();
+            pace.nap_us = 0;
             continue;
         }
-        unsigned timeout = ofi->settings.timeout_ms / 4;
-        sleep_idle(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+        idle_look(ofi, &pace);
     }
     return NULL;
 }
@@ -380,7 +459,8 @@ ferry_status_t ferry_ofi_context_start(ferry_ofi_t *ofi)
         return ferry_ofi_status(ret);
     }
     atomic_init(&ofi->next_key, 1);
-    if ((status = open_target(ofi)) != FERRY_OK || (status = make_address(ofi)) != FERRY_OK)
+    if ((status = open_target(ofi)) != FERRY_OK || (status = make_address(ofi)) != FERRY_OK ||
+        (status = ferry_ofi_lane_start(ofi)) != FERRY_OK)
         return status;
     ofi->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ofi->wake_fd < 0) {
@@ -392,10 +472,11 @@ ferry_status_t ferry_ofi_context_start(ferry_ofi_t *ofi)
         return FERRY_ERR_NO_RESOURCE;
     }
     ofi->thread_started = 1;
-    ferry_info("ofi: provider %s (%s), mr_mode 0x%x, window %u, writes %s-complete%s", prov,
+    ferry_info("ofi: provider %s (%s), mr_mode 0x%x, window %u, writes %s-complete%s%s", prov,
                ofi->software ? "software" : "hardware", ofi->mr_mode, ofi->window,
                ofi->write_flags == FI_DELIVERY_COMPLETE ? "delivery" : "transmit",
-               ofi->hmem ? ", FI_HMEM" : "");
+               ofi->hmem ? ", FI_HMEM" : "",
+               ofi->target_cntr ? ", RMA served counted (FI_RMA_EVENT)" : "");
     return FERRY_OK;
 }
 
@@ -409,6 +490,7 @@ void ferry_ofi_context_quiesce(ferry_ofi_t *ofi)
         pthread_join(ofi->thread, NULL);
         ofi->thread_started = 0;
     }
+    ferry_ofi_lane_stop(ofi);
     ferry_ofi_peers_close_all(ofi);
 }
 
@@ -439,11 +521,26 @@ static void pin_module(void)
         ferry_warn("ofi: cannot keep the module loaded for its parked endpoints");
 }
 
+/* shm keeps an endpoint's region in /dev/shm under the name we gave it;
+ * closing the endpoint removes it, but what a parked or failed close left
+ * would stay until removed by hand: every name we made goes here. */
+static void unlink_names(ferry_ofi_t *ofi)
+{
+    unsigned named = atomic_load(&ofi->next_name);
+    for (unsigned i = 0; i < named; i++) {
+        char path[128];
+        snprintf(path, sizeof(path), "/dev/shm/ferry-%ld-%016" PRIx64 "-%u", (long)getpid(),
+                 ofi->svc.generation, i);
+        if (unlink(path) == 0)
+            ferry_debug("ofi: removed %s", path);
+    }
+}
+
 void ferry_ofi_context_close(ferry_ofi_t *ofi)
 {
     if (ofi->parked != NULL) {
-        ferry_warn("ofi: endpoints parked after a peer stopped answering: the domain stays "
-                   "open");
+        ferry_warn("ofi: a lane was parked (ofi_lane.c, must_park): the domain, the fabric "
+                   "and the target endpoint stay open with it until the process exits");
         pin_module();
         pthread_mutex_lock(&kept.lock);
         ferry_ofi_parked_t *last = ofi->parked;
@@ -466,10 +563,13 @@ void ferry_ofi_context_close(ferry_ofi_t *ofi)
         ofi->target_cq = NULL;
         ofi->domain = NULL;
         ofi->fabric = NULL;
+        ofi->target_cntr = NULL; /* bound to the target endpoint, kept with it */
     }
     close_fid(ofi->target_ep ? &ofi->target_ep->fid : NULL, "target endpoint");
     close_fid(ofi->target_av ? &ofi->target_av->fid : NULL, "target address vector");
     close_fid(ofi->target_cq ? &ofi->target_cq->fid : NULL, "target completion queue");
+    close_fid(ofi->target_cntr ? &ofi->target_cntr->fid : NULL, "target counter");
+    ofi->target_cntr = NULL;
     close_fid(ofi->domain ? &ofi->domain->fid : NULL, "domain");
     close_fid(ofi->fabric ? &ofi->fabric->fid : NULL, "fabric");
     ofi->target_ep = NULL;
@@ -483,6 +583,7 @@ void ferry_ofi_context_close(ferry_ofi_t *ofi)
     if (ofi->wake_fd >= 0)
         close(ofi->wake_fd);
     ofi->wake_fd = -1;
+    unlink_names(ofi);
 }
 
 void ferry_ofi_print_info(FILE *out)

@@ -12,7 +12,7 @@
  *   FI_MR_LOCAL      local buffers need a descriptor: a registered local
  *                    buffer gives its MR's (slice->local_memh); another
  *                    one, or any under FI_MR_ENDPOINT (its MR is bound to
- *                    the target endpoint, not the peer's), gets an MR of
+ *                    the target endpoint, not the lane), gets an MR of
  *                    its own for the operation, closed at its completion.
  *                    No bounce buffer: registering on the fly costs a
  *                    system call, a bounce a copy of the whole slice.
@@ -195,7 +195,8 @@ ferry_status_t ferry_ofi_key_parse(const char *text, ferry_ofi_key_t *key_p)
     return FERRY_OK;
 }
 
-ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, void **desc_p)
+ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, struct fid_ep *ep,
+                                    void **desc_p)
 {
     *desc_p = NULL;
     if (!(ofi->mr_mode & FI_MR_LOCAL))
@@ -205,9 +206,13 @@ ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, void *
         *desc_p = mem->desc;
         return FERRY_OK;
     }
+    if (op->local_mr != NULL) {
+        *desc_p = fi_mr_desc(op->local_mr);
+        return FERRY_OK; /* a post answered -FI_EAGAIN and is tried again */
+    }
     int ret = register_mr(ofi, op->slice->local, op->slice->length, local_access, "cpu",
                           &op->local_mr);
-    if (ret == 0 && (ret = enable_mr(ofi, op->local_mr, op->peer->ep)) != 0) {
+    if (ret == 0 && (ret = enable_mr(ofi, op->local_mr, ep)) != 0) {
         fi_close(&op->local_mr->fid);
         op->local_mr = NULL;
     }
@@ -220,11 +225,16 @@ ferry_status_t ferry_ofi_local_desc(ferry_ofi_t *ofi, ferry_ofi_op_t *op, void *
     return FERRY_OK;
 }
 
-void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op)
+void ferry_ofi_op_release_local(ferry_ofi_op_t *op)
 {
     if (op->local_mr != NULL)
         fi_close(&op->local_mr->fid);
     op->local_mr = NULL;
+}
+
+void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op)
+{
+    ferry_ofi_op_release_local(op);
     if (op->raw_mapped)
         fi_mr_unmap_key(ofi->domain, op->raw_key);
     op->raw_mapped = 0;

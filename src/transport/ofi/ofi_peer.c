@@ -1,15 +1,23 @@
 /*
- * Peers: one entry per peer incarnation (endpoint string + generation),
- * each with an initiator endpoint, CQ and AV of its own (why: ofi.h), the
- * peer's target address inserted into that AV from the endpoint string.
+ * Peers: one entry per peer incarnation (endpoint string + generation):
+ * its address (inserted into each lane on first use there), its ops, its
+ * state.  Every peer shares the lane (ofi_lane.c).
  *
- * Failure: a CQ error entry (a killed peer: the connection resets) or no
- * completion for FERRY_OFI_TIMEOUT while ops are posted (a frozen peer)
- * fails the peer: its endpoint is closed (the provider lets go of the local
- * buffers of what was posted), its ops FAIL with FERRY_ERR_PEER_FAILED,
- * and submit refuses it (FERRY_ERR_PEER_FAILED) until the engine forgets
- * it and refreshes the descriptor (a restarted peer: new endpoint, new
- * entry).  Other peers' endpoints are not touched.
+ * Failure:
+ *   a CQ error entry for one of its ops that is about the link (tcp;ofi_rxm:
+ *   a killed peer's connection resets, every op of it comes back
+ *   FI_ECANCELED / ENOTCONN within tens of ms): the peer fails, its pending
+ *   ops fail here, its posted ones as their entries arrive; the lane goes on.
+ *   a same-host peer found gone (pidfd; shm reports nothing) or ops that see
+ *   nothing for FERRY_OFI_TIMEOUT (a frozen peer, any provider): the peer
+ *   fails and, when ops of it are posted, the lane is fenced (closed and
+ *   replaced, the other peers' ops posted again).
+ *   ops never accepted (posts answering -FI_EAGAIN for the timeout: a dead
+ *   or frozen peer rxm never connected to, shm's full command queue): they
+ *   are in no provider queue, so they fail here, without a fence.
+ * Submit then refuses the peer (FERRY_ERR_PEER_FAILED) until the engine
+ * forgets it and refreshes the descriptor (a restarted peer: new endpoint,
+ * new entry).
  */
 #include "ofi.h"
 
@@ -39,140 +47,93 @@ static void *parse_endpoint(const ferry_ofi_t *ofi, const char *endpoint, long *
     return ferry_ofi_hex_decode(hex, strlen(hex), length_p);
 }
 
-/* Whether closing the peer's endpoint now is safe.  libfabric 1.17's
- * tcp;ofi_rxm crashed (1 run in 5) in fi_close of an endpoint with reads
- * posted to a peer that stopped answering without the provider noticing
- * (frozen, or killed before it saw the reset): such an endpoint is parked
- * instead, never progressed again (data progress is manual, so the
- * provider touches our buffers only inside our calls) and never closed
- * (README.md, "Faults"). */
-static int must_park(ferry_ofi_peer_t *p, int provider_saw_it)
-{
-    if (provider_saw_it || !p->ofi->park_on_silence)
-        return 0;
-    int reads = 0;
-    pthread_mutex_lock(&p->lock);
-    for (ferry_ofi_op_t *op = p->ops; op != NULL && !reads; op = op->next)
-        reads = op->slice->opcode == FERRY_OP_READ;
-    pthread_mutex_unlock(&p->lock);
-    return reads;
-}
-
-static void close_endpoint(ferry_ofi_peer_t *p, int provider_saw_it)
-{
-    int park = must_park(p, provider_saw_it);
-    pthread_rwlock_wrlock(&p->ep_lock);
-    if (park && p->ep != NULL) {
-        ferry_ofi_parked_t *parked = calloc(1, sizeof(*parked));
-        if (parked != NULL) {
-            *parked = (ferry_ofi_parked_t){.ep = p->ep, .cq = p->cq, .av = p->av};
-            pthread_mutex_lock(&p->ofi->lock);
-            parked->next = p->ofi->parked;
-            p->ofi->parked = parked;
-            pthread_mutex_unlock(&p->ofi->lock);
-            ferry_warn("ofi: the endpoint to %.80s is parked, not closed (reads were posted; "
-                       "libfabric 1.17's rxm may crash closing it)", p->endpoint);
-            p->ep = NULL;
-            p->av = NULL;
-            p->cq = NULL;
-        }
-    }
-    struct fid *fids[] = {p->ep ? &p->ep->fid : NULL, p->av ? &p->av->fid : NULL,
-                          p->cq ? &p->cq->fid : NULL};
-    for (size_t i = 0; i < FERRY_OFI_ARRAY_SIZE(fids); i++) {
-        int ret = fids[i] ? fi_close(fids[i]) : 0;
-        if (ret != 0)
-            ferry_warn("ofi: closing the endpoint to %s: %s", p->endpoint, fi_strerror(-ret));
-    }
-    p->ep = NULL;
-    p->av = NULL;
-    p->cq = NULL;
-    pthread_rwlock_unlock(&p->ep_lock);
-}
-
-static ferry_status_t open_endpoint(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, const void *address)
-{
-    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE,
-                                 .size = ofi->window * 2};
-    struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 1};
-    const char *step = "fi_cq_open";
-    int ret = fi_cq_open(ofi->domain, &cq_attr, &p->cq, NULL);
-    if (ret != 0)
-        goto err;
-    step = "fi_av_open";
-    if ((ret = fi_av_open(ofi->domain, &av_attr, &p->av, NULL)) != 0)
-        goto err;
-    step = "fi_endpoint";
-    if ((ret = fi_endpoint(ofi->domain, ofi->info, &p->ep, NULL)) != 0)
-        goto err;
-    step = "fi_ep_bind";
-    if ((ret = fi_ep_bind(p->ep, &p->av->fid, 0)) != 0 ||
-        (ret = fi_ep_bind(p->ep, &p->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
-        goto err;
-    step = "fi_setname";
-    if ((ret = ferry_ofi_name_endpoint(ofi, p->ep)) != 0)
-        goto err;
-    step = "fi_enable";
-    if ((ret = fi_enable(p->ep)) != 0)
-        goto err;
-    step = "fi_av_insert";
-    ret = fi_av_insert(p->av, address, 1, &p->addr, 0, NULL);
-    if (ret != 1) {
-        ret = ret < 0 ? ret : -FI_EADDRNOTAVAIL;
-        goto err;
-    }
-    return FERRY_OK;
-err:
-    ferry_error("ofi: %s (endpoint to %s): %s", step, p->endpoint, fi_strerror(-ret));
-    close_endpoint(p, 1);
-    return FERRY_ERR_CONNECT;
-}
-
 static void peer_free(ferry_ofi_peer_t *p)
 {
-    close_endpoint(p, 1); /* already closed or parked, unless it never had ops */
     if (p->pidfd >= 0)
         close(p->pidfd);
-    pthread_rwlock_destroy(&p->ep_lock);
     pthread_mutex_destroy(&p->lock);
+    free(p->address);
     free(p->endpoint);
     free(p);
 }
 
+/* The last reference: nothing of the peer is posted or pending. */
+static void peer_release(ferry_ofi_peer_t *p)
+{
+    ferry_ofi_t *ofi = p->ofi;
+    pthread_mutex_lock(&ofi->lock);
+    for (ferry_ofi_peer_t **link = &ofi->peers; *link != NULL; link = &(*link)->next) {
+        if (*link == p) {
+            *link = p->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ofi->lock);
+    /* Its address stays in the lane's AV (one entry per peer incarnation,
+     * for the lane's life): with libfabric 1.17, fi_av_remove on shm of a
+     * peer with nothing posted still broke the next transfers to other
+     * peers of the endpoint (6 runs of 6 in test_ofi: the bystander
+     * crashed serving them), and rxm keeps the connection anyway. */
+    peer_free(p);
+}
+
+void ferry_ofi_peer_ref(ferry_ofi_peer_t *p, unsigned count)
+{
+    atomic_fetch_add_explicit(&p->refs, count, memory_order_relaxed);
+}
+
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p)
 {
-    if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
-        /* nobody can post any more: what is still posted fails with the close */
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "closed", 0);
-        peer_free(p);
-    }
+    if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
+        peer_release(p);
+}
+
+/* A reference taken under ofi->lock, unless the peer is already on its way
+ * out (refs 0: its last put waits for ofi->lock to unlink it). */
+static int ref_unless_going(ferry_ofi_peer_t *p)
+{
+    unsigned refs = atomic_load_explicit(&p->refs, memory_order_relaxed);
+    while (refs != 0)
+        if (atomic_compare_exchange_weak_explicit(&p->refs, &refs, refs + 1,
+                                                  memory_order_acq_rel, memory_order_relaxed))
+            return 1;
+    return 0;
 }
 
 static ferry_ofi_peer_t *table_find(ferry_ofi_t *ofi, const char *endpoint)
 {
     for (ferry_ofi_peer_t *p = ofi->peers; p != NULL; p = p->next)
-        if (strcmp(p->endpoint, endpoint) == 0)
+        if (p->in_table && strcmp(p->endpoint, endpoint) == 0)
             return p;
     return NULL;
 }
 
-/* Whether a same-host peer's process is gone.  Through its pidfd (one
- * poll, cheap enough before every post: see ferry_ofi_peer_dead's use in
- * ofi_xfer.c), else a look in /proc at most every FERRY_OFI_LIVENESS_MS. */
+/* Whether a same-host peer's process is gone: a poll of its pidfd at most
+ * every FERRY_OFI_PIDFD_US (a clock read otherwise: the look sat on every
+ * submit and post round of a latency loop), else a look in /proc at most
+ * every FERRY_OFI_LIVENESS_MS.  Once seen gone, always gone. */
 int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 {
     if (p->pid == 0)
         return 0;
+    if (atomic_load_explicit(&p->dead, memory_order_relaxed))
+        return 1;
+    uint64_t now = ferry_ofi_time_us();
+    uint64_t every = p->pidfd >= 0 ? FERRY_OFI_PIDFD_US : FERRY_OFI_LIVENESS_MS * 1000u;
+    uint64_t checked = atomic_load_explicit(&p->checked_us, memory_order_relaxed);
+    if (now - checked < every)
+        return 0;
+    atomic_store_explicit(&p->checked_us, now, memory_order_relaxed);
+    int dead;
     if (p->pidfd >= 0) {
         struct pollfd fd = {.fd = p->pidfd, .events = POLLIN};
-        return poll(&fd, 1, 0) > 0;
+        dead = poll(&fd, 1, 0) > 0;
+    } else {
+        dead = !ferry_process_alive(p->pid, p->start_time);
     }
-    uint64_t now = ferry_ofi_time_ms();
-    uint64_t checked = atomic_load_explicit(&p->checked_ms, memory_order_relaxed);
-    if (now - checked < FERRY_OFI_LIVENESS_MS)
-        return 0;
-    atomic_store_explicit(&p->checked_ms, now, memory_order_relaxed);
-    return !ferry_process_alive(p->pid, p->start_time);
+    if (dead)
+        atomic_store_explicit(&p->dead, 1, memory_order_relaxed);
+    return dead;
 }
 
 static ferry_status_t peer_state(ferry_ofi_peer_t *p)
@@ -196,8 +157,8 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
         pthread_mutex_unlock(&ofi->lock);
         return FERRY_ERR_STALE;
     }
-    if (p != NULL)
-        atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    if (p != NULL && !ref_unless_going(p))
+        p = NULL; /* cannot be: the table holds a reference while in_table */
     pthread_mutex_unlock(&ofi->lock);
     if (p != NULL) {
         ferry_status_t status = peer_state(p);
@@ -217,6 +178,8 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     void *address = parse_endpoint(ofi, peer->endpoint, &fresh->pid, &fresh->start_time,
                                    &address_length);
     fresh->endpoint = strdup(peer->endpoint);
+    fresh->address = address;
+    fresh->address_length = address_length;
     if (address == NULL || fresh->endpoint == NULL) {
         if (address == NULL)
             ferry_error("ofi: segment \"%s\": endpoint \"%.80s\" is not one of provider %s",
@@ -229,30 +192,23 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     fresh->ofi = ofi;
     fresh->generation = peer->generation;
     atomic_init(&fresh->refs, 2); /* the table's and the caller's */
-    pthread_rwlock_init(&fresh->ep_lock, NULL);
     pthread_mutex_init(&fresh->lock, NULL);
     /* The pidfd names the process itself: opened, then the start time
      * checked, it cannot name a stranger that reused the pid. */
     fresh->pidfd = fresh->pid != 0 ? (int)syscall(SYS_pidfd_open, (pid_t)fresh->pid, 0) : -1;
     if (fresh->pid != 0 && !ferry_process_alive(fresh->pid, fresh->start_time)) {
-        free(address);
         peer_free(fresh);
-        return FERRY_ERR_PEER_FAILED; /* never connect to a dead incarnation */
+        return FERRY_ERR_PEER_FAILED; /* never post to a dead incarnation */
     }
-    atomic_init(&fresh->checked_ms, ferry_ofi_time_ms());
-    ferry_status_t status = open_endpoint(ofi, fresh, address);
-    free(address);
-    if (status != FERRY_OK) {
-        peer_free(fresh);
-        return status;
-    }
+    atomic_init(&fresh->checked_us, ferry_ofi_time_us());
     pthread_mutex_lock(&ofi->lock);
     p = table_find(ofi, peer->endpoint);
     if (p == NULL) {
+        fresh->in_table = 1;
         fresh->next = ofi->peers;
         ofi->peers = fresh;
-    } else {
-        atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    } else if (!ref_unless_going(p)) {
+        p = NULL;
     }
     pthread_mutex_unlock(&ofi->lock);
     if (p != NULL) {
@@ -270,23 +226,34 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
 void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
                          int provider_saw_it)
 {
+    ferry_ofi_op_t *pending = NULL, *op;
     pthread_mutex_lock(&p->lock);
     int first = p->state == FERRY_OFI_PEER_OK;
     if (first) {
         p->state = FERRY_OFI_PEER_FAILED;
         p->why = why;
     }
+    while ((op = ferry_ofi_pending_pop(p)) != NULL) {
+        op->next = pending;
+        pending = op;
+    }
     unsigned posted = p->posted;
+    uint64_t lane_id = p->lane_id;
+    /* rxm was still connecting to it (posts refused, none accepted) */
+    int never_connected = p->attempted && !p->connected;
+    why = p->why;
     pthread_mutex_unlock(&p->lock);
     if (first && why != FERRY_ERR_CANCELED)
         ferry_warn("ofi: peer %.80s failed (%s); %u operations posted fail", p->endpoint, what,
                    posted);
-    /* Closing (or parking) is what stops the provider from touching our
-     * buffers; then nothing can complete the ops it caught: they fail here. */
-    close_endpoint(p, provider_saw_it);
-    ferry_ofi_op_t *op;
-    while ((op = ferry_ofi_op_pop(p)) != NULL)
-        ferry_ofi_op_complete(op, p->why);
+    if (never_connected && (p->pid == 0 || ferry_ofi_peer_dead(p)))
+        ferry_ofi_lane_suspect(p->ofi, lane_id);
+    /* Never accepted by the provider: nothing to fence, ours alone. */
+    ferry_ofi_ops_finish(p->ofi, pending, why);
+    /* Posted ones: only closing the lane stops the provider from touching
+     * their buffers, unless the provider reports them itself. */
+    if (posted != 0 && !provider_saw_it)
+        ferry_ofi_lane_fence(p->ofi, lane_id, what);
 }
 
 int ferry_ofi_reaches(void *ctx, const ferry_peer_t *peer, const char *remote_key)
@@ -316,19 +283,15 @@ void ferry_ofi_peer_forget(void *ctx, const ferry_peer_t *peer)
     if (peer == NULL || peer->endpoint == NULL)
         return;
     pthread_mutex_lock(&ofi->lock);
-    ferry_ofi_peer_t **link = &ofi->peers, *p = NULL;
-    for (; *link != NULL; link = &(*link)->next) {
-        if (strcmp((*link)->endpoint, peer->endpoint) == 0 &&
-            (*link)->generation == peer->generation) {
-            p = *link;
-            *link = p->next;
-            p->next = NULL;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&ofi->lock);
+    ferry_ofi_peer_t *p = table_find(ofi, peer->endpoint);
+    if (p != NULL && p->generation != peer->generation)
+        p = NULL;
     if (p != NULL)
-        ferry_ofi_peer_put(p); /* the table's; the last user closes it */
+        p->in_table = 0;
+    pthread_mutex_unlock(&ofi->lock);
+    /* the table's; its ops keep it until they are finished */
+    if (p != NULL)
+        ferry_ofi_peer_put(p);
 }
 
 ferry_ofi_peer_t **ferry_ofi_peers_busy(ferry_ofi_t *ofi, size_t *count_p)
@@ -341,57 +304,97 @@ ferry_ofi_peer_t **ferry_ofi_peers_busy(ferry_ofi_t *ofi, size_t *count_p)
     ferry_ofi_peer_t **busy = n ? malloc(n * sizeof(*busy)) : NULL;
     size_t i = 0;
     for (ferry_ofi_peer_t *p = ofi->peers; busy != NULL && p != NULL && i < n; p = p->next) {
-        if (atomic_load_explicit(&p->busy, memory_order_relaxed) != 0) {
-            atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+        if (atomic_load_explicit(&p->busy, memory_order_relaxed) != 0 && ref_unless_going(p))
             busy[i++] = p;
-        }
     }
     pthread_mutex_unlock(&ofi->lock);
     *count_p = i;
     return busy;
 }
 
+/* The sweep fails the peers found gone and those whose ops were never
+ * accepted; of the peers silent with ops posted it fences for one only,
+ * the one silent longest: on shm one stuck peer holds back the write
+ * completions of every peer of the lane (one in-order response queue), so
+ * the others look silent too until the fence posts their ops again with
+ * a fresh deadline.  A second silent peer is caught a timeout later. */
 void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
 {
-    if (ofi->settings.timeout_ms == 0 ||
-        atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0)
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0)
+        return;
+    pthread_rwlock_rdlock(&ofi->lane_lock);
+    int opening = ofi->lane == NULL; /* a fence opens a fresh one: nothing can be posted */
+    pthread_rwlock_unlock(&ofi->lane_lock);
+    if (opening)
         return;
     size_t count = 0;
     ferry_ofi_peer_t **busy = ferry_ofi_peers_busy(ofi, &count);
     uint64_t now = ferry_ofi_time_ms();
+    unsigned timeout = ofi->settings.timeout_ms;
+    ferry_ofi_peer_t *silent = NULL;
+    uint64_t silent_since = UINT64_MAX;
+    char what[96];
     for (size_t i = 0; i < count; i++) {
         ferry_ofi_peer_t *p = busy[i];
         pthread_mutex_lock(&p->lock);
-        int late = p->state == FERRY_OFI_PEER_OK && p->posted != 0 &&
-                   now > p->last_activity_ms + ofi->settings.timeout_ms;
+        int ok = p->state == FERRY_OFI_PEER_OK;
+        int late = timeout != 0 && p->posted + p->pending != 0 &&
+                   now > p->last_activity_ms + timeout;
+        int accepted = p->posted != 0;
+        uint64_t since = p->last_activity_ms;
         pthread_mutex_unlock(&p->lock);
-        if (!late && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
+        if (ok && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
             /* shm: a killed peer leaves no error entry, only silence.
-             * Not on tcp;ofi_rxm, whose reset reports it: closing an rxm
-             * endpoint while rxm has not yet seen its connection reset
-             * crashed libfabric 1.17 (1 run in 5, README.md, "Faults"). */
+             * Not looked up on tcp;ofi_rxm, whose reset reports it. */
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
-        } else if (late) {
-            char what[96];
-            snprintf(what, sizeof(what), "no completion for %u ms", ofi->settings.timeout_ms);
+        } else if (late && !accepted && ok) {
+            snprintf(what, sizeof(what), "posts refused for %u ms", timeout);
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
+        } else if (late && accepted && since < silent_since) {
+            /* ok: silent; failed by a CQ error entry: some of its posted
+             * ops never came back.  Either way only a fence ends them. */
+            silent = p;
+            silent_since = since;
         }
-        ferry_ofi_peer_put(p);
     }
+    if (silent != NULL) {
+        pthread_mutex_lock(&silent->lock);
+        int ok = silent->state == FERRY_OFI_PEER_OK;
+        uint64_t lane_id = silent->lane_id;
+        pthread_mutex_unlock(&silent->lock);
+        if (ok) {
+            snprintf(what, sizeof(what), "no completion for %u ms", timeout);
+            ferry_ofi_peer_fail(silent, FERRY_ERR_PEER_FAILED, what, 0);
+        } else {
+            snprintf(what, sizeof(what), "a failed peer's operations unanswered for %u ms",
+                     timeout);
+            ferry_ofi_lane_fence(ofi, lane_id, what);
+        }
+    }
+    for (size_t i = 0; i < count; i++)
+        ferry_ofi_peer_put(busy[i]);
     free(busy);
 }
 
 void ferry_ofi_peers_close_all(ferry_ofi_t *ofi)
 {
-    pthread_mutex_lock(&ofi->lock);
-    ferry_ofi_peer_t *list = ofi->peers;
-    ofi->peers = NULL;
-    pthread_mutex_unlock(&ofi->lock);
-    while (list != NULL) {
-        ferry_ofi_peer_t *p = list;
-        list = p->next;
-        p->next = NULL;
-        ferry_ofi_peer_fail(p, FERRY_ERR_CANCELED, "engine stops", 0);
+    /* The lane is closed: nothing is posted or pending any more. */
+    for (;;) {
+        pthread_mutex_lock(&ofi->lock);
+        ferry_ofi_peer_t *p = ofi->peers;
+        while (p != NULL && !p->in_table)
+            p = p->next;
+        if (p != NULL)
+            p->in_table = 0;
+        pthread_mutex_unlock(&ofi->lock);
+        if (p == NULL)
+            break;
+        pthread_mutex_lock(&p->lock);
+        if (p->state == FERRY_OFI_PEER_OK) {
+            p->state = FERRY_OFI_PEER_FAILED;
+            p->why = FERRY_ERR_CANCELED;
+        }
+        pthread_mutex_unlock(&p->lock);
         ferry_ofi_peer_put(p);
     }
 }

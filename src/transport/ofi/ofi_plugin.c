@@ -28,8 +28,10 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
             "cut; else at least 4k)", slice_size, FERRY_SETTING_SIZE),
     SETTING("WINDOW", "64", "RMA operations posted to one peer at a time (also at most the "
             "provider's transmit queue size)", window, FERRY_SETTING_UINT),
-    SETTING("TIMEOUT", "5000ms", "a peer with operations posted that completes none for this "
-            "long fails them with FERRY_ERR_PEER_FAILED and its endpoint is closed",
+    SETTING("TIMEOUT", "5000ms", "a peer with operations posted or pending that sees no "
+            "completion for this long fails them with FERRY_ERR_PEER_FAILED (with operations "
+            "posted, the shared initiator endpoint is closed and replaced; other peers' "
+            "operations are posted again)",
             timeout_ms, FERRY_SETTING_TIME_MS),
     SETTING("COMPLETION", "delivery", "when a write counts as done: delivery (FI_DELIVERY_"
             "COMPLETE: in the target's memory) or transmit (FI_TRANSMIT_COMPLETE; unsafe: "
@@ -41,10 +43,22 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
     SETTING("NAP", "100", "PROGRESS=wait without a wait fd (shm): microseconds the thread "
             "sleeps between looks at the target endpoint; peers' RMA waits that long at most",
             nap_us, FERRY_SETTING_UINT),
+    SETTING("SPIN", "1000", "PROGRESS=wait on a provider without a wait fd (shm): "
+            "microseconds the progress thread keeps polling after its last event (a "
+            "completion, a peer's RMA served) before it backs off, so that a stream of "
+            "requests never waits for a nap",
+            spin_us, FERRY_SETTING_UINT),
     SETTING("HMEM", "n", "ask the provider for FI_HMEM, so that cuda:N and rocm:N buffers get "
             "keys (untested: no provider here offers it)", hmem, FERRY_SETTING_BOOL),
 };
 const size_t ferry_ofi_settings_count = FERRY_OFI_ARRAY_SIZE(ferry_ofi_settings_table);
+
+uint64_t ferry_ofi_time_us(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+}
 
 uint64_t ferry_ofi_time_ms(void)
 {
@@ -153,6 +167,10 @@ static ferry_status_t parse_settings(ferry_ofi_t *ofi)
         ferry_error("FERRY_OFI_WINDOW must be at least 1");
         return FERRY_ERR_INVALID_PARAM;
     }
+    if (s->spin_us > 1000000) {
+        ferry_error("FERRY_OFI_SPIN=%u is above 1 s", s->spin_us);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     if (s->nap_us > 1000000) {
         ferry_error("FERRY_OFI_NAP=%u is above 1 s", s->nap_us);
         return FERRY_ERR_INVALID_PARAM;
@@ -172,6 +190,7 @@ static void ofi_destroy(void *ctx)
         return;
     ferry_ofi_context_quiesce(ofi);
     ferry_ofi_context_close(ofi);
+    pthread_rwlock_destroy(&ofi->lane_lock);
     pthread_mutex_destroy(&ofi->lock);
     ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &ofi->settings);
     free(ofi->address);
@@ -190,9 +209,11 @@ static ferry_status_t ofi_create(const ferry_transport_services_t *svc, void **c
     ofi->target_fd = -1;
     ofi->wake_fd = -1;
     pthread_mutex_init(&ofi->lock, NULL);
+    pthread_rwlock_init(&ofi->lane_lock, NULL);
     ferry_status_t status = ferry_settings_read("OFI", ferry_ofi_settings_table,
                                                 ferry_ofi_settings_count, &ofi->settings);
     if (status != FERRY_OK) {
+        pthread_rwlock_destroy(&ofi->lane_lock);
         pthread_mutex_destroy(&ofi->lock);
         free(ofi);
         return status;

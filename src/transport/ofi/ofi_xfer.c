@@ -1,70 +1,229 @@
 /*
- * The data path: one fi_writemsg / fi_readmsg per slice on the peer's
- * endpoint, at most ofi->window posted per peer; completions from the
- * peer's CQ, read by whoever progresses (the thread, ferry_batch_wait's
- * spin through the progress op, a submit waiting for room in the window).
+ * The data path.  Submit turns each slice into an op on the peer's pending
+ * queue and posts what the window allows; whoever progresses (the thread,
+ * ferry_batch_wait's spin through the progress op) reads the lane's CQ,
+ * finishes what completed and posts more of the pending ops of the peers
+ * it finished ops of (ferry_ofi_peer_pump).  Submit never waits for room:
+ * a full window or a provider answering -FI_EAGAIN leaves ops pending, and
+ * the sweep's deadline (ofi_peer.c) covers pending ops as well as posted.
  *
  * Writes ask for FI_DELIVERY_COMPLETE (FERRY_OFI_COMPLETION=transmit for
  * FI_TRANSMIT_COMPLETE): with libfabric 1.17, transmit-complete reports a
  * write to a deregistered key as a success on tcp;ofi_rxm, and the data is
  * only known to be in the target's memory at delivery.
  *
- * Submit checks every slice's key before it posts anything: a key that
+ * Submit checks every slice's key before it queues anything: a key that
  * does not parse, or a slice outside the buffer the key names, refuses
  * the whole submit (the engine has already checked the range against the
  * owner-confirmed descriptor; this is the transport's own look).
  */
 #include "ofi.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void op_link_locked(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
+void ferry_ofi_posted_link(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
 {
-    op->prev = NULL;
-    op->next = p->ops;
-    if (p->ops != NULL)
-        p->ops->prev = op;
-    p->ops = op;
-    if (p->posted++ == 0) {
-        p->last_activity_ms = ferry_ofi_time_ms();
+    if (p->posted + p->pending == 0)
         atomic_fetch_add_explicit(&p->ofi->busy_peers, 1, memory_order_release);
-    }
-    atomic_store_explicit(&p->busy, p->posted, memory_order_relaxed);
+    op->prev = NULL;
+    op->next = p->posted_ops;
+    if (p->posted_ops != NULL)
+        p->posted_ops->prev = op;
+    p->posted_ops = op;
+    p->posted++;
+    atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
 }
 
-static void op_unlink_locked(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
+void ferry_ofi_posted_unlink(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
 {
     if (op->prev != NULL)
         op->prev->next = op->next;
     else
-        p->ops = op->next;
+        p->posted_ops = op->next;
     if (op->next != NULL)
         op->next->prev = op->prev;
     op->prev = op->next = NULL;
-    if (--p->posted == 0)
+    p->posted--;
+    if (p->posted + p->pending == 0)
         atomic_fetch_sub_explicit(&p->ofi->busy_peers, 1, memory_order_release);
-    atomic_store_explicit(&p->busy, p->posted, memory_order_relaxed);
+    atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
 }
 
-ferry_ofi_op_t *ferry_ofi_op_pop(ferry_ofi_peer_t *p)
+/* Pending ops are singly linked by next, head first. */
+static void pending_append(ferry_ofi_peer_t *p, ferry_ofi_op_t *first, ferry_ofi_op_t *last,
+                           unsigned count)
 {
-    pthread_mutex_lock(&p->lock);
-    ferry_ofi_op_t *op = p->ops;
-    if (op != NULL)
-        op_unlink_locked(p, op);
-    pthread_mutex_unlock(&p->lock);
+    if (p->posted + p->pending == 0) {
+        p->last_activity_ms = ferry_ofi_time_ms();
+        atomic_fetch_add_explicit(&p->ofi->busy_peers, 1, memory_order_release);
+    }
+    if (p->pending_tail != NULL)
+        p->pending_tail->next = first;
+    else
+        p->pending_head = first;
+    p->pending_tail = last;
+    p->pending += count;
+    atomic_fetch_add_explicit(&p->ofi->pending_ops, count, memory_order_release);
+    atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
+}
+
+void ferry_ofi_pending_push_front(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
+{
+    if (p->posted + p->pending == 0)
+        atomic_fetch_add_explicit(&p->ofi->busy_peers, 1, memory_order_release);
+    op->prev = NULL;
+    op->next = p->pending_head;
+    p->pending_head = op;
+    if (p->pending_tail == NULL)
+        p->pending_tail = op;
+    p->pending++;
+    atomic_fetch_add_explicit(&p->ofi->pending_ops, 1, memory_order_release);
+    atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
+}
+
+ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p)
+{
+    ferry_ofi_op_t *op = p->pending_head;
+    if (op == NULL)
+        return NULL;
+    p->pending_head = op->next;
+    if (p->pending_head == NULL)
+        p->pending_tail = NULL;
+    op->next = NULL;
+    p->pending--;
+    atomic_fetch_sub_explicit(&p->ofi->pending_ops, 1, memory_order_release);
+    if (p->posted + p->pending == 0)
+        atomic_fetch_sub_explicit(&p->ofi->busy_peers, 1, memory_order_release);
+    atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
     return op;
 }
 
-void ferry_ofi_op_complete(ferry_ofi_op_t *op, ferry_status_t status)
+void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status)
 {
-    ferry_ofi_t *ofi = op->peer->ofi;
-    ferry_ofi_op_release_mr(ofi, op);
-    ofi->svc.slice_done(op->slice, status);
-    free(op);
+    ferry_slice_t *done = NULL, **tail = &done;
+    ferry_ofi_peer_t *peers[FERRY_OFI_CQ_BATCH];
+    unsigned counts[FERRY_OFI_CQ_BATCH], distinct = 0;
+    for (ferry_ofi_op_t *op = ops, *next; op != NULL; op = next) {
+        next = op->next;
+        ferry_ofi_op_release_mr(ofi, op);
+        *tail = op->slice;
+        tail = &op->slice->next;
+        /* one put per peer and run, after the slices are done */
+        if (distinct > 0 && peers[distinct - 1] == op->peer) {
+            counts[distinct - 1]++;
+        } else {
+            if (distinct == FERRY_OFI_CQ_BATCH) {
+                for (unsigned i = 0; i < distinct; i++)
+                    while (counts[i]-- > 0)
+                        ferry_ofi_peer_put(peers[i]);
+                distinct = 0;
+            }
+            peers[distinct] = op->peer;
+            counts[distinct++] = 1;
+        }
+        free(op);
+    }
+    *tail = NULL;
+    ferry_transport_slices_done(&ofi->svc, done, status);
+    for (unsigned i = 0; i < distinct; i++)
+        while (counts[i]-- > 0)
+            ferry_ofi_peer_put(peers[i]);
+}
+
+/* Post one op on the lane (caller holds lane_lock for reading). */
+static int post(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, fi_addr_t addr, ferry_ofi_op_t *op)
+{
+    ferry_slice_t *slice = op->slice;
+    void *desc = NULL;
+    ferry_status_t status = ferry_ofi_local_desc(ofi, op, lane->ep, &desc);
+    if (status != FERRY_OK)
+        return -FI_ENOMEM;
+    struct iovec iov = {.iov_base = slice->local, .iov_len = slice->length};
+    struct fi_rma_iov rma = {.addr = op->rma_addr, .len = slice->length, .key = op->rkey};
+    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = addr,
+                             .rma_iov = &rma, .rma_iov_count = 1, .context = &op->context};
+    op->lane_id = lane->id;
+    if (slice->opcode == FERRY_OP_WRITE)
+        return (int)fi_writemsg(lane->ep, &msg, FI_COMPLETION | ofi->write_flags);
+    return (int)fi_readmsg(lane->ep, &msg, FI_COMPLETION);
+}
+
+unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
+{
+    ferry_ofi_t *ofi = p->ofi;
+    ferry_ofi_op_t *failed = NULL;
+    ferry_status_t failed_status = FERRY_OK;
+    int gone = 0, refused = 0;
+    unsigned count = 0;
+    if (atomic_load_explicit(&p->busy, memory_order_relaxed) == 0)
+        return 0;
+    pthread_rwlock_rdlock(&ofi->lane_lock);
+    ferry_ofi_lane_t *lane = ofi->lane;
+    pthread_mutex_lock(&p->lock);
+    if (lane == NULL || p->pumping || p->pending == 0 || p->state != FERRY_OFI_PEER_OK ||
+        p->posted >= ofi->window) {
+        pthread_mutex_unlock(&p->lock);
+        pthread_rwlock_unlock(&ofi->lane_lock);
+        return 0;
+    }
+    int ret = ferry_ofi_lane_address(ofi, lane, p);
+    if (ret != 0) {
+        refused = ret;
+        pthread_mutex_unlock(&p->lock);
+        pthread_rwlock_unlock(&ofi->lane_lock);
+        ferry_error("ofi: fi_av_insert (%.80s): %s", p->endpoint, fi_strerror(-ret));
+        ferry_ofi_peer_fail(p, FERRY_ERR_CONNECT, "the provider refused its address", 1);
+        return 0;
+    }
+    p->pumping = 1;
+    /* shm (libfabric 1.17) posts under a spin lock inside the peer's
+     * region: a look at the peer's pidfd first keeps us from posting to a
+     * peer already dead (once per pump, not per op). */
+    gone = ofi->silent_deaths && ferry_ofi_peer_dead(p);
+    while (!gone && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
+           p->posted < ofi->window) {
+        ferry_ofi_op_t *op = ferry_ofi_pending_pop(p);
+        ferry_ofi_posted_link(p, op);
+        p->attempted = 1;
+        fi_addr_t addr = p->addr;
+        pthread_mutex_unlock(&p->lock);
+        ret = post(ofi, lane, addr, op);
+        pthread_mutex_lock(&p->lock);
+        if (ret == 0) {
+            /* op may be finished already: not touched again */
+            if (!p->connected || p->posted == 1)
+                p->last_activity_ms = ferry_ofi_time_ms();
+            p->connected = 1;
+            count++;
+            continue;
+        }
+        ferry_ofi_posted_unlink(p, op);
+        if (ret == -FI_EAGAIN && p->state == FERRY_OFI_PEER_OK) {
+            ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
+            break;
+        }
+        /* refused; or the peer failed meanwhile (its pending ops are
+         * failed already: this one would stay pending for good) */
+        ferry_ofi_op_release_local(op);
+        op->next = failed;
+        failed = op;
+        failed_status = ret == -FI_EAGAIN ? p->why : ferry_ofi_status(ret);
+        if (ret == -FI_EAGAIN)
+            break;
+        refused = ret;
+    }
+    p->pumping = 0;
+    pthread_mutex_unlock(&p->lock);
+    pthread_rwlock_unlock(&ofi->lane_lock);
+    if (refused != 0)
+        ferry_error("ofi: posting to %.80s: %s", p->endpoint, fi_strerror(-refused));
+    if (failed != NULL)
+        ferry_ofi_ops_finish(ofi, failed, failed_status);
+    if (gone)
+        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
+    return count;
 }
 
 /* What a CQ error entry means for the rest of the peer's ops: a refused
@@ -75,73 +234,125 @@ static int error_is_the_ops_alone(int err)
     return err == FI_EACCES || err == FI_EKEYREJECTED || err == FI_EPERM;
 }
 
-unsigned ferry_ofi_peer_progress(ferry_ofi_peer_t *p)
+/* An error entry read under lane_lock: the op (NULL when the entry names
+ * none), taken off its peer's list, and what the provider said. */
+typedef struct lane_error {
+    ferry_ofi_op_t *op;
+    int code;
+    char message[256];
+} lane_error_t;
+
+static void read_error(struct fid_cq *cq, lane_error_t *e)
+{
+    struct fi_cq_err_entry err = {0};
+    e->op = NULL;
+    if (fi_cq_readerr(cq, &err, 0) != 1)
+        return;
+    e->code = err.err < 0 ? -err.err : err.err; /* shm gave a negative one once */
+    const char *text = fi_cq_strerror(cq, err.prov_errno, err.err_data, NULL, 0);
+    snprintf(e->message, sizeof(e->message), "%s; provider: %s", fi_strerror(e->code),
+             text ? text : "?");
+    e->op = err.op_context;
+    if (e->op == NULL) {
+        /* seen once on shm: nothing to finish; a silent peer's ops are
+         * bounded by the sweep */
+        ferry_warn("ofi: an error entry without an operation: %s", e->message);
+        return;
+    }
+    ferry_ofi_peer_t *p = e->op->peer;
+    pthread_mutex_lock(&p->lock);
+    ferry_ofi_posted_unlink(p, e->op);
+    p->last_activity_ms = ferry_ofi_time_ms();
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* The op fails; a link error fails its peer too.  No lock held. */
+static void finish_error(ferry_ofi_t *ofi, lane_error_t *e)
+{
+    ferry_ofi_op_t *op = e->op;
+    if (op == NULL)
+        return;
+    ferry_ofi_peer_t *p = op->peer;
+    ferry_status_t status = ferry_ofi_status(-e->code);
+    int alone = error_is_the_ops_alone(e->code);
+    if (alone)
+        ferry_error("ofi: %s %zu bytes at 0x%llx of %.80s: %s",
+                    op->slice->opcode == FERRY_OP_WRITE ? "write of" : "read of",
+                    op->slice->length, (unsigned long long)op->slice->remote_addr, p->endpoint,
+                    e->message);
+    else
+        status = FERRY_ERR_PEER_FAILED;
+    ferry_ofi_peer_ref(p, 1); /* past the op's own reference */
+    op->next = NULL;
+    ferry_ofi_ops_finish(ofi, op, status);
+    if (!alone)
+        ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, e->message, 1);
+    ferry_ofi_peer_put(p);
+}
+
+unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
 {
     struct fi_cq_entry entries[FERRY_OFI_CQ_BATCH];
-    ferry_slice_t *done = NULL, **tail = &done;
-    ferry_ofi_op_t *done_ops[FERRY_OFI_CQ_BATCH];
-    ferry_ofi_op_t *failed = NULL;
-    ferry_status_t failed_status = FERRY_OK;
-    char message[256] = "";
-    unsigned count = 0;
-
-    pthread_rwlock_rdlock(&p->ep_lock);
-    if (p->cq == NULL) {
-        pthread_rwlock_unlock(&p->ep_lock);
+    lane_error_t error = {.op = NULL};
+    pthread_rwlock_rdlock(&ofi->lane_lock);
+    if (ofi->lane == NULL) {
+        pthread_rwlock_unlock(&ofi->lane_lock);
         return 0;
     }
-    ssize_t n = fi_cq_read(p->cq, entries, FERRY_OFI_CQ_BATCH);
+    ssize_t n = fi_cq_read(ofi->lane->cq, entries, FERRY_OFI_CQ_BATCH);
+    ferry_ofi_op_t *done = NULL, **tail = &done;
     if (n > 0) {
-        pthread_mutex_lock(&p->lock);
+        uint64_t now = ferry_ofi_time_ms();
+        ferry_ofi_peer_t *locked = NULL;
         for (ssize_t i = 0; i < n; i++) {
-            done_ops[i] = entries[i].op_context;
-            op_unlink_locked(p, done_ops[i]);
+            ferry_ofi_op_t *op = entries[i].op_context;
+            if (op == NULL)
+                continue;
+            if (op->peer != locked) {
+                if (locked != NULL)
+                    pthread_mutex_unlock(&locked->lock);
+                locked = op->peer;
+                pthread_mutex_lock(&locked->lock);
+                locked->last_activity_ms = now;
+            }
+            ferry_ofi_posted_unlink(locked, op);
+            *tail = op;
+            tail = &op->next;
         }
-        p->last_activity_ms = ferry_ofi_time_ms();
-        pthread_mutex_unlock(&p->lock);
-        count = (unsigned)n;
+        if (locked != NULL)
+            pthread_mutex_unlock(&locked->lock);
+        *tail = NULL;
     } else if (n == -FI_EAVAIL) {
-        struct fi_cq_err_entry err = {0};
-        if (fi_cq_readerr(p->cq, &err, 0) == 1 && err.op_context != NULL) {
-            failed = err.op_context;
-            const char *text = fi_cq_strerror(p->cq, err.prov_errno, err.err_data, NULL, 0);
-            snprintf(message, sizeof(message), "%s; provider: %s", fi_strerror(err.err),
-                     text ? text : "?");
-            failed_status = ferry_ofi_status(-err.err);
-            if (failed_status == FERRY_ERR_CANCELED || failed_status == FERRY_OK)
-                failed_status = FERRY_ERR_PEER_FAILED;
-            pthread_mutex_lock(&p->lock);
-            op_unlink_locked(p, failed);
-            p->last_activity_ms = ferry_ofi_time_ms();
-            pthread_mutex_unlock(&p->lock);
-            if (error_is_the_ops_alone(err.err))
-                ferry_error("ofi: %s %zu bytes at 0x%llx of %.80s: %s",
-                            failed->slice->opcode == FERRY_OP_WRITE ? "write of" : "read of",
-                            failed->slice->length,
-                            (unsigned long long)failed->slice->remote_addr, p->endpoint, message);
-            else
-                failed_status = FERRY_ERR_PEER_FAILED;
+        read_error(ofi->lane->cq, &error);
+    }
+    pthread_rwlock_unlock(&ofi->lane_lock);
+    if (n == -FI_EAVAIL) {
+        finish_error(ofi, &error);
+        return 1;
+    }
+    if (n <= 0)
+        return 0;
+    /* Refill the windows of the peers that finished ops (each op's
+     * reference keeps its peer until ops_finish). */
+    ferry_ofi_peer_t *last = NULL;
+    for (ferry_ofi_op_t *op = done; op != NULL; op = op->next) {
+        if (op->peer != last) {
+            last = op->peer;
+            ferry_ofi_peer_pump(last);
         }
     }
-    pthread_rwlock_unlock(&p->ep_lock);
+    ferry_ofi_ops_finish(ofi, done, FERRY_OK);
+    return (unsigned)n;
+}
 
-    /* Taken off the list under the endpoint's read lock: ours alone now. */
-    for (unsigned i = 0; i < count; i++) {
-        ferry_ofi_op_release_mr(p->ofi, done_ops[i]);
-        *tail = done_ops[i]->slice;
-        tail = &done_ops[i]->slice->next;
-        free(done_ops[i]);
-    }
-    *tail = NULL;
-    ferry_transport_slices_done(&p->ofi->svc, done, FERRY_OK);
-    if (failed != NULL) {
-        int link = failed_status == FERRY_ERR_PEER_FAILED;
-        ferry_ofi_op_complete(failed, failed_status);
-        if (link)
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, message, 1);
-        count++;
-    }
-    return count;
+/* RMA the target served since the last look (0 without a counter). */
+static unsigned target_served(ferry_ofi_t *ofi)
+{
+    if (ofi->target_cntr == NULL)
+        return 0;
+    uint64_t served = fi_cntr_read(ofi->target_cntr);
+    uint64_t seen = atomic_exchange_explicit(&ofi->target_served, served, memory_order_relaxed);
+    return served != seen;
 }
 
 unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
@@ -151,6 +362,8 @@ unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
         return 0;
     struct fi_cq_entry entries[4];
     ssize_t n = fi_cq_read(cq, entries, 4);
+    if (n == -FI_EAGAIN)
+        return target_served(ofi);
     if (n == -FI_EAVAIL) {
         struct fi_cq_err_entry err = {0};
         if (fi_cq_readerr(cq, &err, 0) == 1)
@@ -203,102 +416,31 @@ static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slic
     return status;
 }
 
-/* Post one op (caller holds ep_lock for reading, the endpoint open). */
-static int post(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_ofi_op_t *op,
-                const ferry_ofi_key_t *key)
+/* An op for the slice, its target address and key resolved. */
+static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice_t *slice,
+                              const ferry_ofi_key_t *key, ferry_ofi_op_t **op_p)
 {
-    ferry_slice_t *slice = op->slice;
-    void *desc = NULL;
-    ferry_status_t status = ferry_ofi_local_desc(ofi, op, &desc);
-    if (status != FERRY_OK)
-        return -FI_ENOMEM;
-    uint64_t rkey = key->key;
-    if (key->raw != NULL && !op->raw_mapped) {
+    ferry_ofi_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL)
+        return FERRY_ERR_NO_MEMORY;
+    op->slice = slice;
+    op->peer = p;
+    op->rkey = key->key;
+    if (key->raw != NULL) {
         int ret = fi_mr_map_raw(ofi->domain, key->base, key->raw, key->raw_length, &op->raw_key,
                                 0);
-        if (ret != 0)
-            return ret;
-        op->raw_mapped = 1;
-    }
-    if (op->raw_mapped)
-        rkey = op->raw_key;
-    uint64_t addr = (ofi->mr_mode & FI_MR_VIRT_ADDR) ? slice->remote_addr
-                                                     : slice->remote_addr - key->base;
-    struct iovec iov = {.iov_base = slice->local, .iov_len = slice->length};
-    struct fi_rma_iov rma = {.addr = addr, .len = slice->length, .key = rkey};
-    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = p->addr,
-                             .rma_iov = &rma, .rma_iov_count = 1, .context = &op->context};
-    if (slice->opcode == FERRY_OP_WRITE)
-        return (int)fi_writemsg(p->ep, &msg, FI_COMPLETION | ofi->write_flags);
-    return (int)fi_readmsg(p->ep, &msg, FI_COMPLETION);
-}
-
-/* Post one slice, waiting for room in the window; FERRY_OK once posted
- * (its completion finishes it), else the status it must be failed with. */
-static ferry_status_t post_slice(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_ofi_op_t *op,
-                                 const ferry_ofi_key_t *key)
-{
-    uint64_t waiting_since = 0;
-    for (;;) {
-        pthread_rwlock_rdlock(&p->ep_lock);
-        pthread_mutex_lock(&p->lock);
-        ferry_status_t state = p->state == FERRY_OFI_PEER_OK && p->ep != NULL ? FERRY_OK : p->why;
-        int room = p->posted < ofi->window;
-        if (state == FERRY_OK && room)
-            op_link_locked(p, op);
-        pthread_mutex_unlock(&p->lock);
-        if (state != FERRY_OK) {
-            pthread_rwlock_unlock(&p->ep_lock);
-            return state;
-        }
-        /* shm (libfabric 1.17) spins on a lock inside the peer's region to
-         * post: a peer killed while it held that lock hangs the post for
-         * good.  A look at its pidfd first narrows that to a peer that dies
-         * in the microseconds between the look and the post. */
-        if (room && ofi->silent_deaths && ferry_ofi_peer_dead(p)) {
-            pthread_mutex_lock(&p->lock);
-            op_unlink_locked(p, op);
-            pthread_mutex_unlock(&p->lock);
-            pthread_rwlock_unlock(&p->ep_lock);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
-            continue;
-        }
-        int ret = room ? post(ofi, p, op, key) : -FI_EAGAIN;
-        if (ret != 0 && room) {
-            pthread_mutex_lock(&p->lock);
-            op_unlink_locked(p, op);
-            pthread_mutex_unlock(&p->lock);
-            ferry_ofi_op_release_mr(ofi, op);
-        }
-        pthread_rwlock_unlock(&p->ep_lock);
-        if (ret == 0)
-            return FERRY_OK;
-        if (ret != -FI_EAGAIN) {
-            ferry_error("ofi: posting a %s of %zu bytes to %.80s: %s",
-                        op->slice->opcode == FERRY_OP_WRITE ? "write" : "read",
-                        op->slice->length, p->endpoint, fi_strerror(-ret));
+        if (ret != 0) {
+            ferry_error("ofi: fi_mr_map_raw: %s", fi_strerror(-ret));
+            free(op);
             return ferry_ofi_status(ret);
         }
-        /* The window or the provider's queue is full: complete something.
-         * Bounded: with ops posted, the thread's sweep fails the peer after
-         * the timeout; a queue that stays full with none of ours posted
-         * (shm: a frozen peer's command queue) fails it here. */
-        if (ferry_ofi_peer_progress(p) != 0) {
-            waiting_since = 0;
-            continue;
-        }
-        ferry_ofi_target_progress(ofi);
-        uint64_t now = ferry_ofi_time_ms();
-        unsigned bound = ofi->settings.timeout_ms ? ofi->settings.timeout_ms : 30000;
-        if (waiting_since == 0) {
-            waiting_since = now;
-        } else if (now - waiting_since > bound) {
-            char what[96];
-            snprintf(what, sizeof(what), "its queue stayed full for %u ms", bound);
-            ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
-        }
-        sched_yield();
+        op->raw_mapped = 1;
+        op->rkey = op->raw_key;
     }
+    op->rma_addr = (ofi->mr_mode & FI_MR_VIRT_ADDR) ? slice->remote_addr
+                                                    : slice->remote_addr - key->base;
+    *op_p = op;
+    return FERRY_OK;
 }
 
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
@@ -314,6 +456,8 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     key_memo_t memo = {0};
     ferry_slice_t *failed = NULL;
     ferry_status_t failed_status = FERRY_OK;
+    ferry_ofi_op_t *first = NULL, *last = NULL;
+    unsigned count = 0;
     ferry_slice_t *next;
     for (ferry_slice_t *slice = slices; slice != NULL; slice = next) {
         next = slice->next;
@@ -321,24 +465,37 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ofi_key_t *key = NULL;
         ferry_ofi_op_t *op = NULL;
         status = failed_status != FERRY_OK ? failed_status : slice_key(&memo, slice, &key);
-        if (status == FERRY_OK && (op = calloc(1, sizeof(*op))) == NULL)
-            status = FERRY_ERR_NO_MEMORY;
-        if (status == FERRY_OK) {
-            op->slice = slice;
-            op->peer = p;
-            status = post_slice(ofi, p, op, key);
-            if (status != FERRY_OK)
-                free(op);
-        }
+        if (status == FERRY_OK)
+            status = make_op(ofi, p, slice, key, &op);
         if (status != FERRY_OK) {
             /* the rest of the run fails with it, as one chain */
             slice->next = failed;
             failed = slice;
             failed_status = status;
+            continue;
         }
+        if (last != NULL)
+            last->next = op;
+        else
+            first = op;
+        last = op;
+        count++;
     }
     free(memo.key.raw);
-    ferry_ofi_wake(ofi);
+    if (first != NULL) {
+        ferry_ofi_peer_ref(p, count);
+        pthread_mutex_lock(&p->lock);
+        int ok = p->state == FERRY_OFI_PEER_OK;
+        ferry_status_t why = p->why;
+        if (ok)
+            pending_append(p, first, last, count);
+        pthread_mutex_unlock(&p->lock);
+        if (!ok)
+            ferry_ofi_ops_finish(ofi, first, why); /* failed between get and here */
+        else
+            ferry_ofi_peer_pump(p);
+        ferry_ofi_wake(ofi); /* the thread polls while ops are posted or pending */
+    }
     ferry_ofi_peer_put(p);
     ferry_transport_slices_done(&ofi->svc, failed, failed_status);
     return FERRY_OK;
