@@ -256,9 +256,10 @@ class Engine(_core.Engine):
             return _np.frombuffer(memory, dtype=_np.uint8 if dtype is None else dtype)
         return memoryview(memory)
 
-    def register_storage(self, path: Union[str, os.PathLike], offset: int = 0,
-                         length: Optional[int] = None, access: int = 0, direct: Optional[bool] = None,
-                         durable: bool = False, shared: bool = False) -> Memory:
+    def register_storage(self, path: Union[str, bytes, os.PathLike], offset: int = 0,
+                         length: Optional[int] = None, access: int = 0,
+                         direct: Optional[bool] = None, durable: bool = False,
+                         shared: bool = False) -> Memory:
         """Register a range of a file or block device as a storage buffer that
         peers READ and WRITE like memory (ferry_register_storage).
 
@@ -273,8 +274,7 @@ class Engine(_core.Engine):
         reserved address range, not memory: no buffer, no local buffer of a
         request).  Keep it: close() or its collection unregisters.
         """
-        options = ((STORAGE_DIRECT if direct else 0) | (STORAGE_BUFFERED if direct is False
-                                                          else 0)
+        options = ((STORAGE_DIRECT if direct else 0) | (STORAGE_BUFFERED if direct is False else 0)
                    | (STORAGE_DURABLE if durable else 0) | (STORAGE_SHARED if shared else 0))
         return Memory._register_storage(self, os.fspath(path), int(offset),
                                         None if length is None else int(length), int(access),
