@@ -14,6 +14,8 @@ packages="$packages liburing-dev"
 packages="$packages libpmix-dev libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     packages="$packages libcriterion-dev iperf3"
+    # contrib/plot-bench.sh draws its PNGs with gnuplot
+    packages="$packages gnuplot-nox"
     # the sanitizer passes' runtimes (GCC 12's; build-essential brings them today)
     packages="$packages libasan8 libubsan1 libtsan2"
     # the fuzz smoke run (contrib/fuzz.sh): clang's libFuzzer and sanitizers

@@ -215,3 +215,49 @@ Test(tools, bench_rejects_bad_memory_options)
         cr_assert_eq(run(command, output, sizeof(output)), 2, "%s: %s", bad[i], output);
     }
 }
+
+/* --sweep: one CSV row per block size of the range, each with its own
+ * throughput and latency, on stdout alone (a plot reads it as it is). */
+Test(tools, bench_sweep_one_row_per_size)
+{
+    char command[1024];
+    snprintf(command, sizeof(command), "%s --spawn --sweep=1k:8k --duration=0.1 --batch-size=4 "
+             "--memcpy-baseline --format=csv 2>/dev/null", getenv("FERRY_BENCH"));
+    int rc = run(command, output, sizeof(output));
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", command, rc, output);
+    char *line = strtok(output, "\n");
+    cr_assert_not_null(line);
+    cr_assert(strncmp(line, "block_size,operation,transport,", 31) == 0, "%s", line);
+    size_t want[] = {1024, 2048, 4096, 8192}, rows = 0;
+    while ((line = strtok(NULL, "\n")) != NULL) {
+        cr_assert_lt(rows, 4, "a row past the range: %s", line);
+        size_t block = 0, batch = 0;
+        unsigned threads = 0, window = 0;
+        char operation[16], transport[32];
+        double gbps = -1, per_s = -1, median = -1, p99 = -1, memcpy_gbps = -1;
+        int n = sscanf(line, "%zu,%15[^,],%31[^,],%u,%zu,%u,%lf,%lf,%lf,%lf,%lf", &block,
+                       operation, transport, &threads, &batch, &window, &gbps, &per_s, &median,
+                       &p99, &memcpy_gbps);
+        cr_assert_eq(n, 11, "%s", line);
+        cr_assert_eq(block, want[rows], "%s", line);
+        cr_assert_str_eq(operation, "write");
+        cr_assert_eq(batch, 4);
+        cr_assert(gbps > 0 && per_s > 0 && median > 0 && p99 >= median && memcpy_gbps > 0, "%s",
+                  line);
+        cr_assert(strstr(line, ",ok") != NULL, "%s", line);
+        rows++;
+    }
+    cr_assert_eq(rows, 4, "%zu rows", rows);
+}
+
+Test(tools, bench_sweep_rejects_bad_ranges)
+{
+    const char *bad[] = {"--sweep=8k:1k", "--sweep=0:4k", "--sweep=4k", "--sweep=1:2g",
+                         "--sweep --latency", "--sweep --pingpong", "--format=csv",
+                         "--sweep --format=json"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char command[1024];
+        snprintf(command, sizeof(command), "%s --spawn %s 2>&1", getenv("FERRY_BENCH"), bad[i]);
+        cr_assert_eq(run(command, output, sizeof(output)), 2, "%s: %s", bad[i], output);
+    }
+}

@@ -133,18 +133,9 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
     }
     request_state_t *reqs = &batch->requests[batch->used];
     size_t first_run = batch->runs_used;
-    owed_t owed = {0};
-    for (size_t i = 0; i < count; i++) {
-        status = ferry_batch_resolve(batch, &requests[i], &reqs[i], i > 0 ? reqs[i - 1].run : NULL,
-                         i > 0 && requests[i].target == requests[i - 1].target, &owed);
-        if (status != FERRY_OK) {
-            ferry_batch_owed_take(&owed);
-            ferry_batch_runs_release(engine, &batch->runs[first_run], batch->runs_used - first_run);
-            batch->runs_used = first_run;
-            goto out_unlock;
-        }
-    }
-    ferry_batch_owed_take(&owed);
+    status = ferry_batch_resolve_all(batch, requests, reqs, count);
+    if (status != FERRY_OK)
+        goto out_unlock;
     request_run_t *runs = &batch->runs[first_run];
     size_t n_runs = batch->runs_used - first_run;
     for (size_t r = 0; r < n_runs; r++) /* published with pending, below */

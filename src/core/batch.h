@@ -168,20 +168,8 @@ typedef struct settle {
     uint64_t run_bytes;   /* moved by the others */
 } settle_t;
 
-/*
- * The references a new run takes on what it shares with the run before it
- * (its descriptor, its local registry entry), owed while resolving and
- * taken with one atomic per sequence of runs that share them.  The first
- * of them holds a real reference meanwhile, so what is owed cannot go
- * before it is taken; ferry_batch_owed_take runs before anything could drop a
- * reference (a refresh, an error's cleanup) and before launch.
- */
-typedef struct owed {
-    ferry_descriptor_t *desc;
-    unsigned desc_refs;
-    ferry_reg_entry_t *entry;
-    unsigned entry_holds;
-} owed_t;
+/* What a run owes while a submit resolves (batch_run.c). */
+typedef struct owed owed_t;
 
 /* The request's one slice, the slot's own storage (no allocation), cut
  * for the run's resolution and local entry (slices_made). */
@@ -210,12 +198,11 @@ typedef struct slice_plan {
 
 /* ---------------- batch_run.c: the run record ---------------- */
 
-/* Resolve request in into slot req; prev and same_target: see its
- * definition. */
-ferry_status_t ferry_batch_resolve(ferry_batch_t *batch, const ferry_request_t *in,
-                                   request_state_t *req, request_run_t *prev, int same_target,
-                                   owed_t *owed);
-void ferry_batch_owed_take(owed_t *owed);
+/* Resolve the count requests of a submit into the slots from reqs on and
+ * runs from the batch's runs_used on, all or nothing: when one fails, the
+ * runs made are released and runs_used is as it was. */
+ferry_status_t ferry_batch_resolve_all(ferry_batch_t *batch, const ferry_request_t *requests,
+                                       request_state_t *reqs, size_t count);
 ferry_reg_entry_t *ferry_batch_run_local_entry(ferry_engine_t *engine, const request_state_t *req,
                                                const request_run_t *prev, owed_t *owed);
 const ferry_accel_ops_t *ferry_batch_run_local_memory(const ferry_engine_t *engine,

@@ -107,7 +107,22 @@ static ferry_status_t resolve_in(ferry_engine_t *engine, request_run_t *run,
 }
 
 
-void ferry_batch_owed_take(owed_t *owed)
+/*
+ * The references a new run takes on what it shares with the run before it
+ * (its descriptor, its local registry entry), owed while resolving and
+ * taken with one atomic per sequence of runs that share them.  The first
+ * of them holds a real reference meanwhile, so what is owed cannot go
+ * before it is taken; owed_take runs before anything could drop a
+ * reference (a refresh, an error's cleanup) and before launch.
+ */
+typedef struct owed {
+    ferry_descriptor_t *desc;
+    unsigned desc_refs;
+    ferry_reg_entry_t *entry;
+    unsigned entry_holds;
+} owed_t;
+
+static void owed_take(owed_t *owed)
 {
     if (owed->desc_refs > 0) /* the run's first request holds it */
         ferry_descriptor_ref_n(owed->desc, owed->desc_refs);
@@ -119,7 +134,7 @@ void ferry_batch_owed_take(owed_t *owed)
 static void owe_desc(owed_t *owed, ferry_descriptor_t *desc)
 {
     if (owed->desc_refs > 0 && owed->desc != desc)
-        ferry_batch_owed_take(owed);
+        owed_take(owed);
     owed->desc = desc;
     owed->desc_refs++;
 }
@@ -127,7 +142,7 @@ static void owe_desc(owed_t *owed, ferry_descriptor_t *desc)
 static void owe_entry(owed_t *owed, ferry_reg_entry_t *entry)
 {
     if (owed->entry_holds > 0 && owed->entry != entry)
-        ferry_batch_owed_take(owed);
+        owed_take(owed);
     owed->entry = entry;
     owed->entry_holds++;
 }
@@ -325,9 +340,9 @@ static request_run_t *run_new(ferry_batch_t *batch)
 
 /* prev: the run of the request resolved just before in the same submit,
  * or NULL; same_target: in names prev's segment handle again. */
-ferry_status_t ferry_batch_resolve(ferry_batch_t *batch, const ferry_request_t *in,
-                                   request_state_t *req, request_run_t *prev, int same_target,
-                                   owed_t *owed)
+static ferry_status_t resolve(ferry_batch_t *batch, const ferry_request_t *in,
+                              request_state_t *req, request_run_t *prev, int same_target,
+                              owed_t *owed)
 {
     if (same_target && prev != NULL && resolve_in_run(in, req, prev))
         return FERRY_OK;
@@ -387,7 +402,7 @@ ferry_status_t ferry_batch_resolve(ferry_batch_t *batch, const ferry_request_t *
     if (!resolve_as_prev(run, req, prev))
         status = resolve_in(engine, run, req->one_slice.remote_addr, req->one_slice.length);
     if (status == FERRY_ERR_OUT_OF_RANGE) {
-        ferry_batch_owed_take(owed); /* the refresh drops this run's reference */
+        owed_take(owed); /* the refresh drops this run's reference */
         status = ferry_batch_run_resolve_refreshed(engine, req);
     }
     if (status == FERRY_ERR_OUT_OF_RANGE)
@@ -425,6 +440,28 @@ void ferry_batch_runs_release(ferry_engine_t *engine, request_run_t *runs, size_
         runs[i].local_entry = NULL;
         runs[i].desc = NULL;
     }
+}
+
+ferry_status_t ferry_batch_resolve_all(ferry_batch_t *batch, const ferry_request_t *requests,
+                                       request_state_t *reqs, size_t count)
+{
+    size_t first_run = batch->runs_used;
+    owed_t owed = {0};
+    for (size_t i = 0; i < count; i++) {
+        ferry_status_t status = resolve(batch, &requests[i], &reqs[i],
+                                        i > 0 ? reqs[i - 1].run : NULL,
+                                        i > 0 && requests[i].target == requests[i - 1].target,
+                                        &owed);
+        if (status != FERRY_OK) {
+            owed_take(&owed);
+            ferry_batch_runs_release(batch->engine, &batch->runs[first_run],
+                                     batch->runs_used - first_run);
+            batch->runs_used = first_run;
+            return status;
+        }
+    }
+    owed_take(&owed);
+    return FERRY_OK;
 }
 
 /* A one-sided transport copies with no check by the target: runs count

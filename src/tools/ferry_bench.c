@@ -344,18 +344,17 @@ static void *initiator_thread(void *arg)
 
 /* What one thread's memcpy does with the same blocks, wrapping around a
  * buffer of the same size and kind (--memory) as the target's: the ceiling
- * of a same-host copy, so the ratio is what the transport costs. */
-static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const unsigned char *src)
+ * of a same-host copy, so the ratio is what the transport costs.  GB/s, or
+ * a negative number when it cannot be measured (device memory: the CPU
+ * cannot copy it; the device's own copy rate is what
+ * contrib/gpu_baseline.cu measures). */
+double ferry_bench_memcpy_gbps(const options_t *o, ferry_engine_h engine, const unsigned char *src)
 {
-    if (ferry_bench_memory_is_device(o->local_memory)) {
-        /* The CPU cannot copy device memory; the device's own copy rate is
-         * what contrib/gpu_baseline.cu measures. */
-        printf("memcpy baseline: skipped: %s is device memory\n", o->local_memory);
-        return;
-    }
+    if (ferry_bench_memory_is_device(o->local_memory))
+        return -1;
     unsigned char *dst = ferry_bench_buffer_acquire(engine, o->local_memory, o->buffer_size);
     if (dst == NULL)
-        return;
+        return -1;
     memset(dst, 0, o->buffer_size);
     size_t slots = o->buffer_size / o->block_size, next = 0;
     double seconds = o->duration < 1.0 ? o->duration : 1.0;
@@ -369,18 +368,30 @@ static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const uns
         }
         elapsed = ferry_bench_now() - begin;
     } while (elapsed < seconds);
-    printf("memcpy baseline: %.3f GB/s, block %zu B, buffer %zu B, single thread\n",
-           bytes / elapsed / 1e9, o->block_size, o->buffer_size);
-    printf("BASELINE memcpy block_size=%zu gbps=%.4f\n", o->block_size, bytes / elapsed / 1e9);
-    fflush(stdout);
     ferry_bench_buffer_release(engine, o->local_memory, dst);
+    return bytes / elapsed / 1e9;
+}
+
+static void memcpy_baseline(const options_t *o, ferry_engine_h engine, const unsigned char *src)
+{
+    if (ferry_bench_memory_is_device(o->local_memory)) {
+        printf("memcpy baseline: skipped: %s is device memory\n", o->local_memory);
+        return;
+    }
+    double gbps = ferry_bench_memcpy_gbps(o, engine, src);
+    if (gbps < 0)
+        return;
+    printf("memcpy baseline: %.3f GB/s, block %zu B, buffer %zu B, single thread\n", gbps,
+           o->block_size, o->buffer_size);
+    printf("BASELINE memcpy block_size=%zu gbps=%.4f\n", o->block_size, gbps);
+    fflush(stdout);
 }
 
 /* The first request to the target, submit to completion: what a new peer
  * costs (connection, descriptor confirmation, a GPU IPC open) on top of a
  * request.  A small one, so the time is not the copy's. */
 static int first_request(const options_t *o, ferry_engine_h engine, ferry_segment_h segment,
-                         unsigned char *buffer, uint64_t remote, double open_seconds)
+                         unsigned char *buffer, uint64_t remote, double open_seconds, FILE *out)
 {
     ferry_batch_h batch;
     ferry_status_t status = ferry_batch_create(engine, 1, &batch);
@@ -402,15 +413,58 @@ static int first_request(const options_t *o, ferry_engine_h engine, ferry_segmen
     if (status != FERRY_OK)
         fprintf(stderr, "ferry_bench: the first request failed: %s\n",
                 ferry_status_string(status));
-    printf("first request: %.1f us (%s of %zu B over %s; segment open %.1f us before it)\n", us,
-           o->write ? "write" : "read", length, transport, open_seconds * 1e6);
-    printf("FIRST operation=%s transport=%s length=%zu first_us=%.1f open_us=%.1f "
-           "local_memory=%s remote_memory=%s status=%s\n", o->write ? "write" : "read",
-           transport, length, us, open_seconds * 1e6, o->local_memory, o->remote_memory,
-           status == FERRY_OK ? "ok" : "failed");
-    fflush(stdout);
+    fprintf(out, "first request: %.1f us (%s of %zu B over %s; segment open %.1f us before it)\n",
+            us, o->write ? "write" : "read", length, transport, open_seconds * 1e6);
+    fprintf(out, "FIRST operation=%s transport=%s length=%zu first_us=%.1f open_us=%.1f "
+            "local_memory=%s remote_memory=%s status=%s\n", o->write ? "write" : "read",
+            transport, length, us, open_seconds * 1e6, o->local_memory, o->remote_memory,
+            status == FERRY_OK ? "ok" : "failed");
+    fflush(out);
     ferry_batch_destroy(batch);
     return status == FERRY_OK ? 0 : -1;
+}
+
+int ferry_bench_measure(const options_t *o, const ferry_bench_peer_t *peer,
+                        ferry_bench_result_t *result_p)
+{
+    *result_p = (ferry_bench_result_t){.failed = 1};
+    snprintf(result_p->transport, sizeof(result_p->transport), "?");
+    thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
+    pthread_t *tids = calloc(o->threads, sizeof(*tids));
+    pthread_barrier_t start;
+    if (ctxs == NULL || tids == NULL || pthread_barrier_init(&start, NULL, o->threads + 1)) {
+        fprintf(stderr, "ferry_bench: no memory for %u threads\n", o->threads);
+        free(ctxs);
+        free(tids);
+        return -1;
+    }
+    for (unsigned t = 0; t < o->threads; t++) {
+        ctxs[t] = (thread_ctx_t){.opts = o, .engine = peer->engine, .segment = peer->segment,
+                                 .local = peer->local + (size_t)t * peer->stride,
+                                 .remote = peer->remote + (uint64_t)t * peer->stride,
+                                 .start = &start};
+        pthread_create(&tids[t], NULL, initiator_thread, &ctxs[t]);
+    }
+    pthread_barrier_wait(&start);
+    ferry_bench_result_t *r = result_p;
+    r->failed = 0;
+    for (unsigned t = 0; t < o->threads; t++) {
+        pthread_join(tids[t], NULL);
+        ferry_bench_samples_merge(&r->samples, &ctxs[t].samples);
+        r->bytes += ctxs[t].bytes;
+        r->requests += ctxs[t].requests;
+        r->failed |= ctxs[t].failed;
+        if (ctxs[t].seconds > r->seconds)
+            r->seconds = ctxs[t].seconds;
+    }
+    if (r->seconds <= 0)
+        r->seconds = 1e-9;
+    if (ctxs[0].transport[0])
+        snprintf(r->transport, sizeof(r->transport), "%s", ctxs[0].transport);
+    pthread_barrier_destroy(&start);
+    free(ctxs);
+    free(tids);
+    return r->failed ? -1 : 0;
 }
 
 static int run_initiator(const options_t *o, const char *segment_name)
@@ -450,7 +504,7 @@ static int run_initiator(const options_t *o, const char *segment_name)
     }
     if (!ferry_bench_memory_is_device(o->local_memory))
         memset(buffer, 0, total);
-    if (o->baseline)
+    if (o->baseline && !o->sweep) /* a sweep measures it at each size */
         memcpy_baseline(o, engine, buffer);
     if (o->pingpong) {
         int rc = ferry_bench_pingpong_initiator(engine, segment, remote, buffer, o->block_size,
@@ -460,42 +514,35 @@ static int run_initiator(const options_t *o, const char *segment_name)
         ferry_engine_destroy(engine);
         return rc ? 1 : 0;
     }
-    if (first_request(o, engine, segment, buffer, remote, open_seconds) != 0) {
+    /* A sweep's CSV is its whole stdout. */
+    FILE *notes = o->sweep && o->csv ? stderr : stdout;
+    if (first_request(o, engine, segment, buffer, remote, open_seconds, notes) != 0) {
         ferry_segment_close(engine, segment);
         ferry_bench_buffer_release(engine, o->local_memory, buffer);
         ferry_engine_destroy(engine);
         return 1;
     }
-    thread_ctx_t *ctxs = calloc(o->threads, sizeof(*ctxs));
-    pthread_t *tids = calloc(o->threads, sizeof(*tids));
-    pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, o->threads + 1);
-    for (unsigned t = 0; t < o->threads; t++) {
-        ctxs[t] = (thread_ctx_t){.opts = o, .engine = engine, .segment = segment,
-                                 .local = buffer + (size_t)t * o->buffer_size,
-                                 .remote = remote + (uint64_t)t * o->buffer_size,
-                                 .start = &start};
-        pthread_create(&tids[t], NULL, initiator_thread, &ctxs[t]);
+    ferry_bench_peer_t peer = {.engine = engine, .segment = segment, .local = buffer,
+                               .remote = remote, .stride = o->buffer_size};
+    if (o->sweep) {
+        int rc = ferry_bench_sweep(o, &peer);
+        if (o->stats)
+            ferry_bench_stats_print(engine, notes);
+        ferry_segment_close(engine, segment);
+        ferry_bench_buffer_release(engine, o->local_memory, buffer);
+        ferry_engine_destroy(engine);
+        return rc ? 1 : 0;
     }
-    pthread_barrier_wait(&start);
-    uint64_t bytes = 0, requests = 0;
-    double seconds = 0;
-    int failed = 0;
-    ferry_bench_samples_t samples = {0};
-    for (unsigned t = 0; t < o->threads; t++) {
-        pthread_join(tids[t], NULL);
-        ferry_bench_samples_merge(&samples, &ctxs[t].samples);
-        bytes += ctxs[t].bytes;
-        requests += ctxs[t].requests;
-        failed |= ctxs[t].failed;
-        if (ctxs[t].seconds > seconds)
-            seconds = ctxs[t].seconds;
-    }
-    if (seconds <= 0)
-        seconds = 1e-9;
+    ferry_bench_result_t result;
+    ferry_bench_measure(o, &peer, &result);
+    uint64_t bytes = result.bytes, requests = result.requests;
+    double seconds = result.seconds;
+    int failed = result.failed;
+    ferry_bench_samples_t samples = result.samples;
+    const char *transport = result.transport;
     printf("ferry_bench: %s, transport %s, block %zu B, batch %zu, window %u, threads %u, "
            "buffer %zu B, memory %s -> %s, %.2f s%s\n", o->write ? "write" : "read",
-           ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, o->batch_size,
+           transport, o->block_size, o->batch_size,
            o->window, o->threads, o->buffer_size, o->local_memory, o->remote_memory, seconds,
            o->verify ? ", verified" : "");
     printf("throughput: %.3f GB/s, %.0f requests/s\n", bytes / seconds / 1e9,
@@ -503,7 +550,7 @@ static int run_initiator(const options_t *o, const char *segment_name)
     printf("RESULT operation=%s transport=%s block_size=%zu batch_size=%zu threads=%u "
            "seconds=%.3f bytes=%" PRIu64 " gbps=%.4f requests_per_s=%.0f verified=%s "
            "status=%s window=%u local_memory=%s remote_memory=%s\n", o->write ? "write" : "read",
-           ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, o->batch_size,
+           transport, o->block_size, o->batch_size,
            o->threads, seconds, bytes, bytes / seconds / 1e9, requests / seconds,
            o->verify ? "yes" : "no", failed ? "failed" : "ok", o->window, o->local_memory,
            o->remote_memory);
@@ -515,16 +562,13 @@ static int run_initiator(const options_t *o, const char *segment_name)
                p99, n_samples);
         printf("LATENCY operation=%s transport=%s block_size=%zu median_us=%.3f p99_us=%.3f "
                "samples=%zu local_memory=%s remote_memory=%s\n", o->write ? "write" : "read",
-               ctxs[0].transport[0] ? ctxs[0].transport : "?", o->block_size, median, p99,
+               transport, o->block_size, median, p99,
                n_samples, o->local_memory, o->remote_memory);
     }
     ferry_bench_samples_free(&samples);
     if (o->stats)
         ferry_bench_stats_print(engine, stdout);
     fflush(stdout);
-    pthread_barrier_destroy(&start);
-    free(ctxs);
-    free(tids);
     ferry_segment_close(engine, segment);
     ferry_bench_buffer_release(engine, o->local_memory, buffer);
     ferry_engine_destroy(engine);

@@ -30,6 +30,12 @@ typedef struct ferry_bench_options {
      * --remote-memory (the target's): ferry_bench_memory.c */
     const char *local_memory;
     const char *remote_memory;
+    /* --sweep[=MIN:MAX]: block sizes sweep_min, twice that, ... up to
+     * sweep_max (block_size is sweep_max then); --format=csv: its rows as
+     * CSV.  ferry_bench_sweep.c */
+    int sweep;
+    size_t sweep_min, sweep_max;
+    int csv;
     int stats;          /* --stats: the engine's statistics after the run */
 } ferry_bench_options_t;
 
@@ -114,6 +120,42 @@ ferry_status_t ferry_bench_fill(ferry_bench_self_t *self, const char *memory,
                                 unsigned char *buffer, size_t length,
                                 unsigned char (*byte)(size_t index, void *arg), void *arg);
 
+/* The initiator's side of a run (ferry_bench.c): its engine, the target's
+ * segment, and each thread's part (stride bytes) of the local buffer and
+ * of the target's buffer at remote. */
+typedef struct ferry_bench_peer {
+    ferry_engine_h engine;
+    ferry_segment_h segment;
+    unsigned char *local;
+    uint64_t remote;
+    size_t stride;
+} ferry_bench_peer_t;
+
+/* What one measurement moved, summed over its threads. */
+typedef struct ferry_bench_result {
+    uint64_t bytes, requests;
+    double seconds;                /* the slowest thread's */
+    int failed;
+    char transport[32];            /* the first batch's, "?" when unknown */
+    ferry_bench_samples_t samples; /* --latency: microseconds; the caller frees them */
+} ferry_bench_result_t;
+
+/* Run o's threads against peer for o->duration (each thread's blocks wrap
+ * around o->buffer_size <= peer->stride bytes).  0, or -1 when a thread
+ * failed (it said why on stderr). */
+int ferry_bench_measure(const ferry_bench_options_t *o, const ferry_bench_peer_t *peer,
+                        ferry_bench_result_t *result_p);
+/* Single-thread memcpy of o's blocks between two buffers of o's local
+ * memory kind: GB/s, negative when it cannot be measured (device memory). */
+double ferry_bench_memcpy_gbps(const ferry_bench_options_t *o, ferry_engine_h engine,
+                               const unsigned char *src);
+
+/* ferry_bench_sweep.c: --sweep[=MIN:MAX] ("MIN:MAX", or NULL for the
+ * default range) into o; 0, or -1 after a message on stderr. */
+int ferry_bench_sweep_parse(const char *text, ferry_bench_options_t *o);
+/* Every block size of o's sweep against peer, one row each on stdout;
+ * 0, or -1 when a measurement failed. */
+int ferry_bench_sweep(const ferry_bench_options_t *o, const ferry_bench_peer_t *peer);
 /* ferry_bench_stats.c: --stats, the engine's statistics per transport and
  * per peer (ferry_stats_snapshot) as a short table, and STATS lines. */
 void ferry_bench_stats_print(ferry_engine_h engine, FILE *out);

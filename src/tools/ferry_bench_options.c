@@ -54,6 +54,16 @@ static void usage(FILE *out)
         "                        buffer for the reply (as ucx_perftest put_lat and OSU\n"
         "                        latency do); prints half the round trip (median, 99th\n"
         "                        percentile of 32-round-trip means); block >= 8 bytes\n"
+        "  --sweep[=MIN:MAX]     block sizes MIN, 2 MIN, 4 MIN ... up to MAX (default 1:4m;\n"
+        "                        k/m/g suffixes) in one run against one target: for each,\n"
+        "                        throughput as above, then latency as --latency measures it,\n"
+        "                        and memcpy with --memcpy-baseline; one row per size.\n"
+        "                        --duration is per size and measurement (default 0.5 with\n"
+        "                        --sweep); each size's blocks wrap around window x batch x\n"
+        "                        block (at most --buffer-size, default window x batch x MAX,\n"
+        "                        at most 64m)\n"
+        "  --format=FORMAT       --sweep's rows: table (default) or csv (a header line,\n"
+        "                        then one line per size; the other lines go to stderr)\n"
         "  --stats               after the run, the engine's statistics (requests,\n"
         "                        failures, bytes, latency percentiles per transport and\n"
         "                        per peer: ferry_stats_snapshot) as a table and STATS lines\n"
@@ -80,6 +90,8 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         {"local-memory", required_argument, NULL, 'l'},
         {"remote-memory", required_argument, NULL, 'r'},
         {"window", required_argument, NULL, 'W'},
+        {"sweep", optional_argument, NULL, 'w'},
+        {"format", required_argument, NULL, 'F'},
         {"random", no_argument, NULL, 'R'},
         {"stats", no_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
@@ -87,7 +99,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
     *o = (ferry_bench_options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
                      .threads = 1, .duration = 5.0, .window = 1, .local_memory = "ferry",
                      .remote_memory = "ferry"};
-    int opt;
+    int opt, duration_given = 0;
     char *end;
     /* Short options for the ones a benchmark run changes most. */
     while ((opt = getopt_long(argc, argv, "hb:B:t:d:", long_options, NULL)) != -1) {
@@ -102,6 +114,17 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         case 'V': o->via = optarg; break;
         case 'C': o->baseline = 1; break;
         case 'P': o->spawn = 1; break;
+        case 'w':
+            if (ferry_bench_sweep_parse(optarg, o))
+                return -1;
+            break;
+        case 'F':
+            o->csv = strcmp(optarg, "csv") == 0;
+            if (!o->csv && strcmp(optarg, "table")) {
+                fprintf(stderr, "ferry_bench: --format is table or csv, not %s\n", optarg);
+                return -1;
+            }
+            break;
         case 'X': o->stats = 1; break;
         case 'A':
         case 'l':
@@ -166,6 +189,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
                 fprintf(stderr, "ferry_bench: bad --duration %s\n", optarg);
                 return -1;
             }
+            duration_given = 1;
             break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -198,6 +222,20 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         fprintf(stderr, "ferry_bench: --window keeps one batch in flight with --verify, "
                 "--latency and --pingpong\n");
         return -1;
+    }
+    if (o->csv && !o->sweep) {
+        fprintf(stderr, "ferry_bench: --format=csv is for --sweep's rows\n");
+        return -1;
+    }
+    if (o->sweep && (o->latency || o->pingpong)) {
+        fprintf(stderr, "ferry_bench: --sweep measures throughput and latency at each size; "
+                "not with --latency or --pingpong\n");
+        return -1;
+    }
+    if (o->sweep) {
+        o->block_size = o->sweep_max; /* the buffers hold the largest block */
+        if (!duration_given)
+            o->duration = 0.5;
     }
     if (o->latency || o->pingpong)
         o->batch_size = 1;
