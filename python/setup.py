@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 os.chdir(HERE)  # the sources are named relative to this folder
 SOURCES = [os.path.join("src", name) for name in
            ("module.c", "errors.c", "engine.c", "memory.c", "segment.c", "request.c",
-            "batch.c")]
+            "batch.c", "stats.c", "storage.c")]
 
 
 def pkg_config(*args):

@@ -32,14 +32,16 @@ import os
 from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _core
-from ._core import (DEFER_PUBLISH, NOTIFY_MAX, REMOTE, REMOTE_READ, REMOTE_WRITE, Memory,
+from ._core import (DEFER_PUBLISH, NOTIFY_MAX, REMOTE, REMOTE_READ, REMOTE_WRITE,
+                    STORAGE_BUFFERED, STORAGE_DIRECT, STORAGE_DURABLE, STORAGE_SHARED, Memory,
                     Request, TransferStatus)
 from ._errors import (ArgumentError, BusyError, ClosedError, Error, LocalIOError, MetadataError,
                       PeerError, ResourceError, Status, TransferTimeout, error_class)
 
 __all__ = [
     "Engine", "Memory", "Segment", "Batch", "Request", "TransferStatus", "Buffer", "Setting",
-    "Op", "State", "Status", "READ", "WRITE", "REMOTE_READ", "REMOTE_WRITE", "REMOTE",
+    "Op", "State", "Status", "Stats", "STORAGE_BUFFERED", "STORAGE_DIRECT", "STORAGE_DURABLE",
+    "STORAGE_SHARED", "READ", "WRITE", "REMOTE_READ", "REMOTE_WRITE", "REMOTE",
     "DEFER_PUBLISH", "NOTIFY_MAX", "Error", "ArgumentError", "ClosedError", "BusyError",
     "ResourceError", "MetadataError", "PeerError", "TransferTimeout", "LocalIOError",
     "error_class", "settings", "info", "version", "status_string",
@@ -69,6 +71,7 @@ class State(enum.IntEnum):
     PENDING = 1
     COMPLETED = 2
     FAILED = 3
+    CANCELLED = 4  #: Batch.cancel stopped it (error ERR_CANCELED); none of its bytes land later
 
 
 class Buffer(NamedTuple):
@@ -88,6 +91,23 @@ class Setting(NamedTuple):
     default: str
     doc: str
     is_set: bool              #: set in the environment
+
+
+class Stats(NamedTuple):
+    """One entry of :meth:`Engine.stats`: a transport's or a peer's counters since
+    the engine started or the last ``stats_reset()``."""
+
+    name: str        #: the transport ("local" for copies to this engine) or the peer's segment
+    requests: int    #: finished: completed + failed (cancelled ones count as failed)
+    failures: int    #: of which failed
+    bytes: int       #: moved by the completed ones
+    latency: tuple   #: latency[i]: requests that took [2**i, 2**(i+1)) ns (STATS_BUCKETS)
+
+    def latency_ns(self, q: float = 0.5) -> int:
+        """The latency (ns) under which a fraction q (0..1) of the requests
+        finished: the upper edge of the bucket holding that one; 0 when none
+        was counted (``ferry_stats_latency_ns``)."""
+        return _core.stats_latency_ns(self.latency, float(q))
 
 
 def version() -> str:
@@ -235,6 +255,46 @@ class Engine(_core.Engine):
         if _np is not None:
             return _np.frombuffer(memory, dtype=_np.uint8 if dtype is None else dtype)
         return memoryview(memory)
+
+    def register_storage(self, path: Union[str, bytes, os.PathLike], offset: int = 0,
+                         length: Optional[int] = None, access: int = 0,
+                         direct: Optional[bool] = None, durable: bool = False,
+                         shared: bool = False) -> Memory:
+        """Register a range of a file or block device as a storage buffer that
+        peers READ and WRITE like memory (ferry_register_storage).
+
+        path: a regular file or block device; offset, length: the range (None:
+        to the end; it must lie inside the file).  access: REMOTE_READ |
+        REMOTE_WRITE (0 means both; DEFER_PUBLISH as for register).  direct:
+        True only O_DIRECT (unaligned I/O fails), False never (page cache),
+        None the engine's choice.  durable: a WRITE completes once on stable
+        storage.  shared: other hosts attach it too (NVMe-oF).
+
+        Returns a :class:`Memory` whose ``addr`` peers name in requests (a
+        reserved address range, not memory: no buffer, no local buffer of a
+        request).  Keep it: close() or its collection unregisters.
+        """
+        options = ((STORAGE_DIRECT if direct else 0) | (STORAGE_BUFFERED if direct is False else 0)
+                   | (STORAGE_DURABLE if durable else 0) | (STORAGE_SHARED if shared else 0))
+        return Memory._register_storage(self, os.fspath(path), int(offset),
+                                        None if length is None else int(length), int(access),
+                                        options)
+
+    def open_blob(self, blob: Union[bytes, bytearray, memoryview]) -> Segment:
+        """Open the segment a peer's :meth:`export_blob` describes, without the
+        metadata store.  A cut or corrupted blob raises MetadataError
+        (FERRY_ERR_DECODE).  The segment refreshes from its owner over RPC."""
+        return Segment._open_blob(self, blob)
+
+    def stats(self, by: str = "transport") -> list[Stats]:
+        """Statistics of the requests this engine finished, one :class:`Stats`
+        per transport (``by="transport"``, "local" first) or per peer segment
+        ever opened (``by="peer"``)."""
+        kinds = {"transport": _core.STATS_BY_TRANSPORT, "peer": _core.STATS_BY_PEER}
+        if by not in kinds:
+            raise ArgumentError(f"stats(by={by!r}): 'transport' or 'peer'",
+                                int(Status.ERR_INVALID_PARAM))
+        return [Stats(*entry) for entry in self._stats(kinds[by])]
 
     def open(self, name: str) -> Segment:
         """Open a segment by name (p2p: "host:port"; pmix: "rank:N").  Blocks

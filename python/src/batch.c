@@ -11,8 +11,9 @@
 static PyTypeObject *status_type; /* TransferStatus, a struct sequence */
 
 static PyStructSequence_Field status_fields[] = {
-    {"state", "WAITING (0), PENDING (1), COMPLETED (2) or FAILED (3): ferry.State"},
-    {"error", "why it FAILED: a ferry_status_t value (0 otherwise)"},
+    {"state", "WAITING (0), PENDING (1), COMPLETED (2), FAILED (3) or CANCELLED (4): "
+              "ferry.State"},
+    {"error", "why it FAILED or was CANCELLED: a ferry_status_t value (0 otherwise)"},
     {"transferred", "bytes moved (its length once COMPLETED)"},
     {"transport", "the transport that served it, or None"},
     {NULL, NULL},
@@ -325,6 +326,21 @@ static PyObject *batch_notify(fpy_batch_t *self, PyObject *args)
     return result;
 }
 
+static PyObject *batch_cancel(fpy_batch_t *self, PyObject *unused)
+{
+    (void)unused;
+    if (!batch_usable(self))
+        return NULL;
+    ferry_status_t status;
+    ferry_batch_h handle = self->handle;
+    self->calls++;
+    FPY_BLOCKING(self->engine, status = ferry_batch_cancel(handle));
+    self->calls--;
+    if (status != FERRY_OK)
+        return fpy_raise(status, "ferry_batch_cancel");
+    Py_RETURN_NONE;
+}
+
 static PyObject *batch_close(fpy_batch_t *self, PyObject *unused)
 {
     (void)unused;
@@ -382,6 +398,12 @@ static PyMethodDef batch_methods[] = {
     {"notify", (PyCFunction)batch_notify, METH_VARARGS,
      "notify(segment, message)\n--\n\nAttach a notify (bytes or str): delivered to the\n"
      "segment's owner after all of the batch's data, when the batch completes (by wait)."},
+    {"cancel", (PyCFunction)batch_cancel, METH_NOARGS,
+     "cancel()\n--\n\nCancel the unfinished requests, best effort: each ends CANCELLED\n"
+     "(none of its bytes land afterwards) or in its true final state.  A no-op when\n"
+     "nothing is in flight.  wait() then raises PeerError (FERRY_ERR_CANCELED) when the\n"
+     "first unsuccessful request was cancelled; wait before reusing the Requests' buffers\n"
+     "of requests that did not end CANCELLED."},
     {"close", (PyCFunction)batch_close, METH_NOARGS,
      "close()\n--\n\nWait for requests in flight, then destroy the batch."},
     {"__enter__", fpy_enter, METH_NOARGS, NULL},

@@ -328,6 +328,35 @@ out:
     return list;
 }
 
+static PyObject *engine_export_blob(fpy_engine_t *self, PyObject *unused)
+{
+    (void)unused;
+    if (!fpy_engine_usable(self))
+        return NULL;
+    size_t length = 0;
+    ferry_status_t status;
+    FPY_BLOCKING(self, status = ferry_engine_export_blob(self->handle, NULL, 0, &length));
+    /* A registration between the two calls grows it: ask again, with room. */
+    for (int attempt = 0; status == FERRY_OK && attempt < 8; attempt++) {
+        size_t capacity = length + 4096;
+        PyObject *blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)capacity);
+        if (blob == NULL)
+            return NULL;
+        char *bytes = PyBytes_AS_STRING(blob);
+        FPY_BLOCKING(self,
+                     status = ferry_engine_export_blob(self->handle, bytes, capacity, &length));
+        if (status == FERRY_OK) {
+            if (_PyBytes_Resize(&blob, (Py_ssize_t)length) < 0)
+                return NULL;
+            return blob;
+        }
+        Py_DECREF(blob);
+        if (status == FERRY_ERR_OUT_OF_RANGE)
+            status = FERRY_OK; /* still too small: length has the new size */
+    }
+    return fpy_raise(status != FERRY_OK ? status : FERRY_ERR_BUSY, "ferry_engine_export_blob");
+}
+
 static PyMethodDef engine_methods[] = {
     {"close", (PyCFunction)engine_close, METH_NOARGS,
      "close()\n--\n\nClose the engine: its batches (waiting for requests in flight), segments\n"
@@ -352,6 +381,15 @@ static PyMethodDef engine_methods[] = {
     {"notify_recv", (PyCFunction)(void (*)(void))engine_notify_recv, METH_VARARGS | METH_KEYWORDS,
      "notify_recv(max=64) -> list[tuple[str, bytes]]\n--\n\nTake up to max queued notifies,\n"
      "oldest first, as (sender's segment name, message); [] when none is queued."},
+    {"export_blob", (PyCFunction)engine_export_blob, METH_NOARGS,
+     "export_blob() -> bytes\n--\n\nThis engine's segment descriptor as an opaque blob, for\n"
+     "applications that pass metadata themselves: a peer opens it with open_blob, without\n"
+     "the metadata store.  A snapshot; export again after registering more."},
+    {"_stats", (PyCFunction)fpy_engine_stats, METH_O,
+     "_stats(kind) -> list[tuple]\n--\n\nferry_stats_snapshot of kind (STATS_BY_*): (name,\n"
+     "requests, failures, bytes, latency buckets) per entry.  Use stats()."},
+    {"stats_reset", (PyCFunction)fpy_engine_stats_reset, METH_NOARGS,
+     "stats_reset()\n--\n\nZero every statistics counter (the peers stay listed)."},
     {NULL},
 };
 

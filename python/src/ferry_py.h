@@ -53,10 +53,11 @@ typedef struct fpy_engine {
 
 /* How a Memory came to be, which decides how it is given back. */
 typedef enum {
-    FPY_MEM_BUFFER, /* ferry_register of a buffer-protocol object (view held) */
-    FPY_MEM_CAI,    /* ferry_register of a __cuda_array_interface__ object (ref held) */
-    FPY_MEM_DLPACK, /* ferry_register of a DLPack tensor (managed tensor held) */
-    FPY_MEM_ALLOC,  /* ferry_alloc; ferry_free gives it back */
+    FPY_MEM_BUFFER,  /* ferry_register of a buffer-protocol object (view held) */
+    FPY_MEM_CAI,     /* ferry_register of a __cuda_array_interface__ object (ref held) */
+    FPY_MEM_DLPACK,  /* ferry_register of a DLPack tensor (managed tensor held) */
+    FPY_MEM_ALLOC,   /* ferry_alloc; ferry_free gives it back */
+    FPY_MEM_STORAGE, /* ferry_register_storage: a file range at a PROT_NONE address */
 } fpy_mem_kind_t;
 
 typedef struct fpy_memory {
@@ -153,6 +154,15 @@ void fpy_memory_unuse(fpy_memory_t *memory);
 /* segment.c / batch.c: the same for the engine's teardown. */
 ferry_status_t fpy_segment_release(fpy_segment_t *segment);
 ferry_status_t fpy_batch_release(fpy_batch_t *batch);
+
+/* memory.c: a new Memory of engine, not yet registered (live 0, not linked). */
+fpy_memory_t *fpy_memory_new(fpy_engine_t *engine, fpy_mem_kind_t kind);
+/* storage.c: Memory._register_storage (Engine.register_storage). */
+PyObject *fpy_memory_register_storage(PyObject *cls, PyObject *args, PyObject *kwargs);
+/* stats.c: Engine._stats, Engine.stats_reset, _core.stats_latency_ns. */
+PyObject *fpy_engine_stats(fpy_engine_t *self, PyObject *kind);
+PyObject *fpy_engine_stats_reset(fpy_engine_t *self, PyObject *unused);
+PyObject *fpy_stats_latency_ns(PyObject *module, PyObject *args);
 
 /* The opcode of a request whose local buffer must be writable. */
 #define FPY_WRITES_LOCAL(op) ((op) == FERRY_OP_READ)

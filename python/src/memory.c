@@ -55,7 +55,7 @@ static int location_is_host(const char *location)
            strncmp(location, "cxl", 3) == 0;
 }
 
-static fpy_memory_t *memory_new(fpy_engine_t *engine, fpy_mem_kind_t kind)
+fpy_memory_t *fpy_memory_new(fpy_engine_t *engine, fpy_mem_kind_t kind)
 {
     fpy_memory_t *self = PyObject_New(fpy_memory_t, &fpy_memory_type);
     if (self == NULL)
@@ -336,7 +336,7 @@ static PyObject *memory_register_object(PyObject *cls, PyObject *args, PyObject 
     char found[72] = "cpu";
     fpy_memory_t *self;
     if (PyObject_CheckBuffer(object)) {
-        self = memory_new(engine, FPY_MEM_BUFFER);
+        self = fpy_memory_new(engine, FPY_MEM_BUFFER);
         if (self == NULL)
             return NULL;
         int writable = (flags & FERRY_REG_REMOTE_WRITE) != 0;
@@ -360,7 +360,7 @@ static PyObject *memory_register_object(PyObject *cls, PyObject *args, PyObject 
         self->length = (size_t)self->view.len;
         self->readonly = self->view.readonly;
     } else if (PyObject_HasAttrString(object, "__cuda_array_interface__")) {
-        self = memory_new(engine, FPY_MEM_CAI);
+        self = fpy_memory_new(engine, FPY_MEM_CAI);
         if (self == NULL)
             return NULL;
         PyObject *interface = PyObject_GetAttrString(object, "__cuda_array_interface__");
@@ -374,7 +374,7 @@ static PyObject *memory_register_object(PyObject *cls, PyObject *args, PyObject 
         self->owner = object;
         snprintf(found, sizeof(found), "*"); /* the engine tells device memory from the pointer */
     } else if (PyObject_HasAttrString(object, "__dlpack__")) {
-        self = memory_new(engine, FPY_MEM_DLPACK);
+        self = fpy_memory_new(engine, FPY_MEM_DLPACK);
         if (self == NULL)
             return NULL;
         if (from_dlpack(self, object, found, sizeof(found)) < 0) {
@@ -409,7 +409,7 @@ static PyObject *memory_alloc(PyObject *cls, PyObject *args, PyObject *kwargs)
         return fpy_raise(FERRY_ERR_INVALID_PARAM, "alloc(%zd): the size must be positive", nbytes);
     if (location == NULL)
         location = "cpu";
-    fpy_memory_t *self = memory_new(engine, FPY_MEM_ALLOC);
+    fpy_memory_t *self = fpy_memory_new(engine, FPY_MEM_ALLOC);
     if (self == NULL)
         return NULL;
     void *addr = NULL;
@@ -469,8 +469,10 @@ static int memory_getbuffer(fpy_memory_t *self, Py_buffer *view, int flags)
         return -1;
     }
     if (self->device || self->kind != FPY_MEM_ALLOC) {
-        PyErr_SetString(PyExc_BufferError, self->device ? "device memory has no host buffer"
-                                                        : "use the registered object itself");
+        PyErr_SetString(PyExc_BufferError, self->kind == FPY_MEM_STORAGE
+                                               ? "storage (a file range) has no host buffer"
+                                           : self->device ? "device memory has no host buffer"
+                                                          : "use the registered object itself");
         return -1;
     }
     if (PyBuffer_FillInfo(view, (PyObject *)self, self->addr, (Py_ssize_t)self->length, 0, flags) <
@@ -568,6 +570,8 @@ static PyMethodDef memory_methods[] = {
      METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"_alloc", (PyCFunction)(void (*)(void))memory_alloc, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      NULL},
+    {"_register_storage", (PyCFunction)(void (*)(void))fpy_memory_register_storage,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {NULL},
 };
 
@@ -578,7 +582,8 @@ static PyGetSetDef memory_getset[] = {
     {"location", (getter)memory_location, NULL,
      "Where it is: \"cpu\", \"cuda:0\", ... (\"*\": detected by the engine).", NULL},
     {"flags", (getter)memory_flags, NULL, "REMOTE_READ | REMOTE_WRITE | DEFER_PUBLISH bits.", NULL},
-    {"is_device", (getter)memory_is_device, NULL, "True for accelerator memory.", NULL},
+    {"is_device", (getter)memory_is_device, NULL,
+     "True for accelerator memory and storage (no host buffer behind addr).", NULL},
     {"closed", (getter)memory_closed, NULL, "True after close() or its engine's close().", NULL},
     {"__cuda_array_interface__", (getter)memory_cuda_array_interface, NULL,
      "CUDA memory from alloc as a 1-D array of bytes.", NULL},

@@ -52,6 +52,9 @@ static PyMethodDef core_functions[] = {
      "status_string(status) -> str\n--\n\nShort text for a ferry_status_t value."},
     {"info", core_info, METH_O,
      "info(what) -> str\n--\n\nWhat ferry_info prints for the INFO_* bits in what."},
+    {"stats_latency_ns", fpy_stats_latency_ns, METH_VARARGS,
+     "stats_latency_ns(buckets, q) -> int\n--\n\nferry_stats_latency_ns: the latency (ns) under\n"
+     "which a fraction q of an entry's requests finished (0 when it counted none)."},
     {NULL},
 };
 
@@ -96,6 +99,13 @@ PyMODINIT_FUNC PyInit__core(void)
         {"INFO_SETTINGS", FERRY_INFO_SETTINGS},
         {"INFO_DEVICES", FERRY_INFO_DEVICES},
         {"INFO_COUNTERS", FERRY_INFO_COUNTERS},
+        {"STATS_BY_TRANSPORT", FERRY_STATS_BY_TRANSPORT},
+        {"STATS_BY_PEER", FERRY_STATS_BY_PEER},
+        {"STATS_BUCKETS", FERRY_STATS_BUCKETS},
+        {"STORAGE_BUFFERED", FERRY_STORAGE_BUFFERED},
+        {"STORAGE_DIRECT", FERRY_STORAGE_DIRECT},
+        {"STORAGE_DURABLE", FERRY_STORAGE_DURABLE},
+        {"STORAGE_SHARED", FERRY_STORAGE_SHARED},
     };
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
         if (PyModule_AddIntConstant(module, constants[i].name, constants[i].value) < 0)

@@ -37,6 +37,11 @@ static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             Py_DECREF(self);
             return fpy_raise_closed("Request: the local Memory is closed");
         }
+        if (memory->kind == FPY_MEM_STORAGE) { /* PROT_NONE: a peer's target, not a source */
+            Py_DECREF(self);
+            return fpy_raise(FERRY_ERR_INVALID_PARAM,
+                             "Request: storage memory is a target for peers, not a local buffer");
+        }
         if (FPY_WRITES_LOCAL(op) && memory->readonly) {
             Py_DECREF(self);
             return fpy_raise(FERRY_ERR_INVALID_PARAM, "Request: a READ into read-only memory");

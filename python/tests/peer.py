@@ -5,6 +5,10 @@ then answers commands read from stdin, one per line:
   sum          -> the sum of the buffer's bytes
   fill B       -> sets every byte to B, answers "ok"
   notifies N T -> waits up to T seconds for N notifies, answers them as JSON
+  blob         -> Engine.export_blob() as hex
+  write S A N B [blob HEX] -> writes N bytes of value B to address A of segment S
+                  (opened by name, or from the blob), answers "ok" or the
+                  exception's class and message
 Closing stdin ends it.
 """
 
@@ -15,6 +19,21 @@ import time
 import ferry
 
 
+def write(engine, segments, buffer, words) -> str:
+    """The "write" command: a request from this process to a segment it opens."""
+    name, addr, length, value = words[0], int(words[1]), int(words[2]), int(words[3])
+    try:
+        if name not in segments:
+            segments[name] = (engine.open_blob(bytes.fromhex(words[5])) if len(words) > 5
+                              else engine.open(name))
+        buffer[:length] = value
+        engine.transfer(ferry.Request(ferry.WRITE, buffer, segments[name], addr, length),
+                        timeout=30)
+        return "ok"
+    except ferry.Error as error:
+        return f"{type(error).__name__}: {error}"
+
+
 def main() -> None:
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
     with ferry.Engine(rpc_address="127.0.0.1") as engine:
@@ -22,6 +41,7 @@ def main() -> None:
         buffer[:] = 0
         print(json.dumps({"name": engine.segment_name, "addr": buffer.ctypes.data,
                           "length": size}), flush=True)
+        segments = {}
         for line in sys.stdin:
             words = line.split()
             if not words:
@@ -39,6 +59,11 @@ def main() -> None:
                             in engine.notify_recv()]
                     time.sleep(0.001)
                 print(json.dumps(got), flush=True)
+            elif words[0] == "blob":
+                print(engine.export_blob().hex(), flush=True)
+            elif words[0] == "write":
+                print(write(engine, segments, buffer, words[1:]), flush=True)
+        segments.clear()
         del buffer
 
 
