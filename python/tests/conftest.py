@@ -12,6 +12,12 @@ import ferry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# The test suite's accelerator (module ferry_testgpu_ipc) reads its device
+# count once per process, when the first engine loads it: set it before any
+# test makes one, so that test_device_memory.py finds its devices whatever
+# ran first.  Other tests never name a testgpu location.
+os.environ.setdefault("FERRY_TESTGPU_DEVICES", "1")
+
 
 @pytest.fixture
 def engine():
