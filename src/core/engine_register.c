@@ -193,6 +193,35 @@ static void unregister_one(ferry_engine_t *engine, ferry_reg_entry_t *entry)
     ferry_reg_entry_free(entry);
 }
 
+/* A new entry (storage, allocated memory) into the transports and the
+ * registry, then published unless deferred; *addr_p its address.  On
+ * failure the entry is freed.  what: the log line's verb. */
+static ferry_status_t enter_new_entry(ferry_engine_t *engine, ferry_reg_entry_t *entry,
+                                      unsigned flags, const char *what, void **addr_p)
+{
+    pthread_mutex_lock(&engine->register_lock);
+    entry->epoch = ++engine->register_epoch;
+    ferry_status_t status = transports_register(engine, entry);
+    if (status == FERRY_OK)
+        status = ferry_registry_insert(&engine->registry, entry);
+    if (status != FERRY_OK) {
+        pthread_mutex_unlock(&engine->register_lock);
+        transports_deregister(engine, entry);
+        ferry_reg_entry_free(entry);
+        return status;
+    }
+    ferry_engine_changes_added(engine, entry);
+    if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
+        ferry_status_t published = ferry_engine_publish_locked(engine);
+        if (published != FERRY_OK)
+            ferry_warn("%s, but publishing segment %s failed: %s", what, engine->name,
+                       ferry_status_string(published));
+    }
+    *addr_p = (void *)entry->addr;
+    pthread_mutex_unlock(&engine->register_lock);
+    return FERRY_OK;
+}
+
 ferry_status_t ferry_register_batch(ferry_engine_h handle, const ferry_region_t *regions,
                                     size_t count, unsigned flags)
 {
@@ -269,27 +298,7 @@ ferry_status_t ferry_register_storage(ferry_engine_h handle, const ferry_storage
         return FERRY_ERR_NO_MEMORY;
     }
     entry->storage = storage;
-    pthread_mutex_lock(&engine->register_lock);
-    entry->epoch = ++engine->register_epoch;
-    status = transports_register(engine, entry);
-    if (status == FERRY_OK)
-        status = ferry_registry_insert(&engine->registry, entry);
-    if (status != FERRY_OK) {
-        pthread_mutex_unlock(&engine->register_lock);
-        transports_deregister(engine, entry);
-        ferry_reg_entry_free(entry);
-        return status;
-    }
-    ferry_engine_changes_added(engine, entry);
-    if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
-        ferry_status_t published = ferry_engine_publish_locked(engine);
-        if (published != FERRY_OK)
-            ferry_warn("registered storage, but publishing segment %s failed: %s",
-                       engine->name, ferry_status_string(published));
-    }
-    *addr_p = (void *)entry->addr;
-    pthread_mutex_unlock(&engine->register_lock);
-    return FERRY_OK;
+    return enter_new_entry(engine, entry, flags, "registered storage", addr_p);
 }
 
 ferry_status_t ferry_register(ferry_engine_h handle, void *addr, size_t length,
@@ -407,27 +416,7 @@ ferry_status_t ferry_alloc(ferry_engine_h handle, size_t length, const char *loc
                                            &entry);
     if (status != FERRY_OK)
         return status;
-    pthread_mutex_lock(&engine->register_lock);
-    entry->epoch = ++engine->register_epoch;
-    status = transports_register(engine, entry);
-    if (status == FERRY_OK)
-        status = ferry_registry_insert(&engine->registry, entry);
-    if (status != FERRY_OK) {
-        pthread_mutex_unlock(&engine->register_lock);
-        transports_deregister(engine, entry);
-        ferry_reg_entry_free(entry);
-        return status;
-    }
-    ferry_engine_changes_added(engine, entry);
-    if (!(flags & FERRY_REG_DEFER_PUBLISH)) {
-        ferry_status_t published = ferry_engine_publish_locked(engine);
-        if (published != FERRY_OK)
-            ferry_warn("allocated, but publishing segment %s failed: %s", engine->name,
-                       ferry_status_string(published));
-    }
-    *addr_p = (void *)entry->addr;
-    pthread_mutex_unlock(&engine->register_lock);
-    return FERRY_OK;
+    return enter_new_entry(engine, entry, flags, "allocated", addr_p);
 }
 
 /* Tell every subscriber at once, under one bound for all: a peer that
