@@ -6,11 +6,16 @@
  * GB/s and two at 23-27 GB/s; 4 MiB blocks 5.8 and 11.3 GB/s.
  *
  * A copy of at least FERRY_COPY_PARALLEL_MIN bytes (one ferry_copy_many
- * call) becomes a job: its bytes are claimed CHUNK at a time from a shared
- * counter by the caller and by every helper awake, so a helper that is not
+ * call) becomes a job: its bytes are claimed CHUNK at a time, the caller's
+ * from the front and the helpers' from the back, so a helper that is not
  * running (the core is busy elsewhere) takes nothing and the caller copies
  * the rest itself; the caller only ever waits for chunks a helper has
- * started.  A helper sleeps on the pool's condition variable between jobs:
+ * started.  From both ends, because a job is usually the same copy again
+ * (a benchmark's window, a buffer sent each step): each core copies about
+ * the same part each time and keeps its lines in its own cache; chunks
+ * taken in turn from one counter moved the lines between the cores every
+ * job (4 MiB jobs, one thread 27-38 GB/s, two in turn 17-29, two from the
+ * ends 28-52: doc/performance.md, "OSU put at 64 KiB").  A helper sleeps on the pool's condition variable between jobs:
  * one that polled would run as much as a busy thread sharing its core and
  * be preempted holding a chunk as often (0.79-0.83x of one thread at 64
  * KiB next to an MPI rank spinning).
@@ -23,13 +28,24 @@
  * itself inside before it loads the job pointer, and the caller clears the
  * pointer before it waits for nobody to be inside, so a helper either sees
  * no job or is waited for.
+ *
+ * Where helpers run: never on the caller's CPU, where a helper only takes
+ * turns with the caller (and makes it wait for its chunk).  The caller that
+ * owns the job slot keeps the helpers' affinity to the CPUs the process
+ * may use less its own, set again only when it finds itself on another
+ * CPU (a system call per helper then, none per job); the scheduler woke a
+ * helper on the caller's CPU for most jobs before (21 of 22 jobs in one
+ * OSU run), and the helper had to preempt the caller to move itself off.
  */
 #include "util.h"
 
 #include <errno.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define CHUNK               (128 * 1024)
 #define INLINE_ITEMS        64
@@ -40,8 +56,9 @@ typedef struct copy_job {
     const size_t *ends;       /* ends[i]: the job offset just past item i */
     const unsigned char *nt;  /* nt[i]: item i goes with non-temporal stores */
     size_t count, total;
-    int caller_cpu;           /* where the caller runs (sched_getcpu) */
-    atomic_size_t next;       /* first byte nobody claimed yet */
+    /* Chunks not claimed yet: [front, back), front in the low 32 bits
+     * (the caller's next), back in the high 32 (one past the helpers' next). */
+    _Atomic uint64_t unclaimed;
     atomic_size_t done;       /* bytes copied */
 } copy_job_t;
 
@@ -54,6 +71,9 @@ static struct {
     unsigned users;           /* life: engines that started the helpers */
     unsigned n_threads;       /* life */
     pthread_t threads[FERRY_COPY_MAX_THREADS];
+    atomic_int tids[FERRY_COPY_MAX_THREADS]; /* each helper's, set before its first sleep; 0: not yet */
+    cpu_set_t allowed;        /* life: the CPUs the process could use when the helpers started */
+    int kept_off;             /* busy owner: the CPU the helpers are kept off (-1: none) */
     atomic_uint running;      /* helpers there are (0: every copy is the caller's) */
     atomic_size_t parallel_min;
     atomic_int stop;
@@ -64,7 +84,8 @@ static struct {
     atomic_uint_fast64_t posted;
     atomic_uint sleepers;
     atomic_uint_fast64_t helped; /* bytes the helpers copied, ever */
-} pool = {.life = PTHREAD_MUTEX_INITIALIZER,
+} pool = {.kept_off = -1,
+          .life = PTHREAD_MUTEX_INITIALIZER,
           .lock = PTHREAD_MUTEX_INITIALIZER,
           .ready = PTHREAD_COND_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER};
@@ -97,43 +118,43 @@ static void job_copy(const copy_job_t *job, size_t offset, size_t n)
     }
 }
 
-/* Returns the bytes this thread copied. */
-static size_t job_work(copy_job_t *job)
+/* The next chunk from the front (the caller) or the back (a helper); 0
+ * when none is left. */
+static int job_claim(copy_job_t *job, int from_back, size_t *chunk_p)
 {
-    size_t mine = 0;
+    uint64_t word = atomic_load_explicit(&job->unclaimed, memory_order_relaxed);
     for (;;) {
-        size_t offset = atomic_fetch_add_explicit(&job->next, CHUNK, memory_order_relaxed);
-        if (offset >= job->total)
-            return mine;
+        uint64_t front = word & UINT32_MAX, back = word >> 32;
+        if (front >= back)
+            return 0;
+        uint64_t claimed = from_back ? (back - 1) << 32 | front : back << 32 | (front + 1);
+        if (atomic_compare_exchange_weak_explicit(&job->unclaimed, &word, claimed,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *chunk_p = from_back ? back - 1 : front;
+            return 1;
+        }
+    }
+}
+
+/* Returns the bytes this thread copied. */
+static size_t job_work(copy_job_t *job, int from_back)
+{
+    size_t mine = 0, chunk;
+    while (job_claim(job, from_back, &chunk)) {
+        size_t offset = chunk * CHUNK;
         size_t n = FERRY_MIN((size_t)CHUNK, job->total - offset);
         job_copy(job, offset, n);
         mine += n;
         /* release: the caller that sees every byte done sees them copied */
         atomic_fetch_add_explicit(&job->done, n, memory_order_release);
     }
-}
-
-/* Woken onto the caller's CPU, a helper would only take turns with it (and
- * make it wait for its chunk), and the scheduler tends to wake it there
- * again: it moves itself to another CPU it may use (excluding the caller's
- * moves it at once; the mask put back leaves it where it landed). */
-static void move_off_cpu(int caller_cpu)
-{
-    if (caller_cpu < 0 || sched_getcpu() != caller_cpu)
-        return;
-    cpu_set_t allowed, others;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || caller_cpu >= CPU_SETSIZE)
-        return;
-    others = allowed;
-    CPU_CLR(caller_cpu, &others);
-    if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof(others), &others) != 0)
-        return;
-    sched_setaffinity(0, sizeof(allowed), &allowed);
+    return mine;
 }
 
 static void *helper_main(void *arg)
 {
-    (void)arg;
+    atomic_int *tid = arg;
+    atomic_store(tid, (int)syscall(SYS_gettid));
     int ready = 0;
     uint64_t seen = atomic_load(&pool.posted);
     while (!atomic_load_explicit(&pool.stop, memory_order_relaxed)) {
@@ -142,10 +163,8 @@ static void *helper_main(void *arg)
             seen = posted;
             atomic_fetch_add(&pool.inside, 1);
             copy_job_t *job = atomic_load(&pool.job);
-            if (job != NULL) {
-                move_off_cpu(job->caller_cpu);
-                atomic_fetch_add_explicit(&pool.helped, job_work(job), memory_order_relaxed);
-            }
+            if (job != NULL)
+                atomic_fetch_add_explicit(&pool.helped, job_work(job, 1), memory_order_relaxed);
             atomic_fetch_sub(&pool.inside, 1);
             continue;
         }
@@ -174,6 +193,26 @@ static void copy_serial(const ferry_copy_item_t *items, size_t count)
     }
 }
 
+/* Busy owner: the helpers' affinity excludes the CPU we run on (see the
+ * top).  Where that leaves them no CPU, or a call fails, they stay as
+ * they are; the next job tries again. */
+static void keep_helpers_off_caller_cpu(void)
+{
+    int cpu = sched_getcpu();
+    if (cpu < 0 || cpu == pool.kept_off || cpu >= CPU_SETSIZE)
+        return;
+    cpu_set_t others = pool.allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0)
+        return;
+    for (unsigned i = 0; i < FERRY_COPY_MAX_THREADS; i++) {
+        pid_t tid = atomic_load_explicit(&pool.tids[i], memory_order_relaxed);
+        if (tid != 0 && sched_setaffinity(tid, sizeof(others), &others) != 0)
+            return;
+    }
+    pool.kept_off = cpu;
+}
+
 void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
 {
     /* A run that writes one destination again and again (a buffer
@@ -188,7 +227,7 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
     }
     if (count == 0 || rewrites || atomic_load_explicit(&pool.running, memory_order_relaxed) == 0 ||
         total < atomic_load_explicit(&pool.parallel_min, memory_order_relaxed) ||
-        atomic_exchange(&pool.busy, 1) != 0) {
+        (total + CHUNK - 1) / CHUNK > UINT32_MAX || atomic_exchange(&pool.busy, 1) != 0) {
         copy_serial(items, count);
         return;
     }
@@ -218,9 +257,9 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
         ends[i] = end;
         nt[i] = items[i].to_peer && ferry_copy_nt_wanted(items[i].dst, items[i].length);
     }
-    copy_job_t job = {.items = items, .ends = ends, .nt = nt, .count = count, .total = total,
-                      .caller_cpu = sched_getcpu()};
-    atomic_init(&job.next, 0);
+    keep_helpers_off_caller_cpu();
+    copy_job_t job = {.items = items, .ends = ends, .nt = nt, .count = count, .total = total};
+    atomic_init(&job.unclaimed, (uint64_t)((total + CHUNK - 1) / CHUNK) << 32);
     atomic_init(&job.done, 0);
     atomic_store(&pool.job, &job);
     atomic_fetch_add(&pool.posted, 1);
@@ -230,7 +269,7 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
         pthread_mutex_unlock(&pool.lock);
     }
     uint64_t start = ferry_time_us();
-    job_work(&job);
+    job_work(&job, 0);
     uint64_t own = ferry_time_us();
     /* What is left is chunks helpers started; one woken onto our core, or
      * preempted there, gets it at our yield. */
@@ -302,6 +341,9 @@ static void pool_after_fork(void)
     atomic_store(&pool.stop, 0);
     atomic_store(&pool.busy, 0);
     pool.skip = pool.backoff = 0;
+    pool.kept_off = -1;
+    for (unsigned i = 0; i < FERRY_COPY_MAX_THREADS; i++)
+        atomic_store(&pool.tids[i], 0);
     atomic_store(&pool.job, NULL);
     atomic_store(&pool.inside, 0);
     atomic_store(&pool.sleepers, 0);
@@ -337,8 +379,10 @@ void ferry_copy_helpers_start(unsigned threads, size_t parallel_min)
     if (pool.users++ == 0) {
         atomic_store(&pool.stop, 0);
         atomic_store(&pool.parallel_min, parallel_min);
+        if (sched_getaffinity(0, sizeof(pool.allowed), &pool.allowed) != 0)
+            CPU_ZERO(&pool.allowed); /* then never kept off a CPU */
         for (unsigned i = 0; i < threads && i < FERRY_COPY_MAX_THREADS; i++) {
-            int rc = pthread_create(&pool.threads[i], NULL, helper_main, NULL);
+            int rc = pthread_create(&pool.threads[i], NULL, helper_main, &pool.tids[i]);
             if (rc != 0) {
                 ferry_warn("copy helpers: %u of %u started: %s", i, threads, strerror(rc));
                 break;
@@ -360,8 +404,11 @@ void ferry_copy_helpers_stop(void)
         atomic_store(&pool.stop, 1);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
-        for (unsigned i = 0; i < pool.n_threads; i++)
+        for (unsigned i = 0; i < pool.n_threads; i++) {
             pthread_join(pool.threads[i], NULL);
+            atomic_store(&pool.tids[i], 0);
+        }
+        pool.kept_off = -1;
         pool.n_threads = 0;
         pool.started = 0;
     }
