@@ -15,10 +15,11 @@
  * the same part each time and keeps its lines in its own cache; chunks
  * taken in turn from one counter moved the lines between the cores every
  * job (4 MiB jobs, one thread 27-38 GB/s, two in turn 17-29, two from the
- * ends 28-52: doc/performance.md, "OSU put at 64 KiB").  A helper sleeps on the pool's condition variable between jobs:
- * one that polled would run as much as a busy thread sharing its core and
- * be preempted holding a chunk as often (0.79-0.83x of one thread at 64
- * KiB next to an MPI rank spinning).
+ * ends 28-52: doc/performance.md, "OSU put at 64 KiB").  A helper sleeps
+ * on the pool's condition variable between jobs: one that polled would
+ * run as much as a busy thread sharing its core and be preempted holding a
+ * chunk as often (0.79-0.83x of one thread at 64 KiB next to an MPI rank
+ * spinning).
  *
  * One job at a time: a caller that finds the slot taken copies alone.  The
  * helpers are process-wide, like FERRY_COPY_NT_MIN: the first engine starts
@@ -71,14 +72,14 @@ static struct {
     unsigned users;           /* life: engines that started the helpers */
     unsigned n_threads;       /* life */
     pthread_t threads[FERRY_COPY_MAX_THREADS];
-    atomic_int tids[FERRY_COPY_MAX_THREADS]; /* each helper's, set before its first sleep; 0: not yet */
-    cpu_set_t allowed;        /* life: the CPUs the process could use when the helpers started */
+    atomic_int tids[FERRY_COPY_MAX_THREADS]; /* each helper's thread id (0: not yet) */
+    cpu_set_t allowed;        /* life: the CPUs the process had when the helpers started */
     int kept_off;             /* busy owner: the CPU the helpers are kept off (-1: none) */
     atomic_uint running;      /* helpers there are (0: every copy is the caller's) */
     atomic_size_t parallel_min;
     atomic_int stop;
     atomic_int busy;          /* a caller owns the job slot */
-    unsigned skip, backoff;   /* busy owner: jobs to copy alone after a stall, and the next such count */
+    unsigned skip, backoff;   /* busy owner: jobs to copy alone after a stall; the next count */
     copy_job_t *_Atomic job;
     atomic_uint inside;       /* helpers that may be looking at job */
     atomic_uint_fast64_t posted;
