@@ -37,6 +37,7 @@
  * CPU (a system call per helper then, none per job); the scheduler woke a
  * helper on the caller's CPU for most jobs before (21 of 22 jobs in one
  * OSU run), and the helper had to preempt the caller to move itself off.
+ * A caller that waits long for a helper's chunk lets it anywhere again.
  */
 #include "util.h"
 
@@ -51,6 +52,7 @@
 #define CHUNK               (128 * 1024)
 #define INLINE_ITEMS        64
 #define STALL_US            200
+#define RELEASE_US          50
 
 typedef struct copy_job {
     const ferry_copy_item_t *items;
@@ -214,6 +216,17 @@ static void keep_helpers_off_caller_cpu(void)
     pool.kept_off = cpu;
 }
 
+/* Busy owner: the helpers may run on every CPU again (until the next job). */
+static void let_helpers_anywhere(void)
+{
+    for (unsigned i = 0; i < FERRY_COPY_MAX_THREADS; i++) {
+        pid_t tid = atomic_load_explicit(&pool.tids[i], memory_order_relaxed);
+        if (tid != 0)
+            sched_setaffinity(tid, sizeof(pool.allowed), &pool.allowed);
+    }
+    pool.kept_off = -1;
+}
+
 void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
 {
     /* A run that writes one destination again and again (a buffer
@@ -272,14 +285,20 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
     uint64_t start = ferry_time_us();
     job_work(&job, 0);
     uint64_t own = ferry_time_us();
-    /* What is left is chunks helpers started; one woken onto our core, or
-     * preempted there, gets it at our yield. */
-    for (unsigned spins = 0;
+    /* What is left is chunks helpers started.  A helper still at it after
+     * RELEASE_US (a chunk takes a few) was preempted on the CPU we keep it
+     * on: it may come to ours, where our yield lets it finish. */
+    for (unsigned spins = 0, released = 0;
          atomic_load_explicit(&job.done, memory_order_acquire) < total; spins++) {
-        if (spins < 64)
+        if (spins < 64) {
             ferry_cpu_relax();
-        else
-            sched_yield();
+            continue;
+        }
+        if (!released && ferry_time_us() - own > RELEASE_US) {
+            let_helpers_anywhere();
+            released = 1;
+        }
+        sched_yield();
     }
     /* A helper that shares its core with a busy thread (another rank
      * spinning in MPI) can be preempted holding a chunk, and we wait for
