@@ -7,7 +7,9 @@
 # both builds.
 # Usage: contrib/bench-osu-before-after.sh BEFORE_BUILD AFTER_BUILD [RUNS] [MAX_SIZE]
 # Environment: OSC (an Open MPI osc component for the MPI side, e.g. sm;
-# default: what the installation picks), MIN_SIZE (default 1).
+# default: what the installation picks), MIN_SIZE (default 1), OSU_ARGS
+# (more options for both binaries, e.g. "-i 500" for longer timed loops),
+# RUNS_SHOWN (1: each run's ratios too, not only the medians).
 set -e
 before=$(cd "$1" && pwd)
 after=$(cd "$2" && pwd)
@@ -25,7 +27,7 @@ launch="mpirun $root --oversubscribe --bind-to none -np 2 ${OSC:+--mca osc $OSC}
 # $1 build label, $2 build dir, $3 test, $4 run: $out/<test>.<label>.<run> holds "size ratio"
 one() {
     FERRY_MODULE_DIR="$2/modules/.libs" $launch "$2/ferry_osu_$3" -m "$min_size:$max_size" \
-        --api=both >"$out/raw" 2>"$out/err" || { cat "$out/err" >&2; exit 1; }
+        --api=both $OSU_ARGS >"$out/raw" 2>"$out/err" || { cat "$out/err" >&2; exit 1; }
     awk '/^# OSU Ferry/ { t = "f" } /^# OSU MPI/ { t = "m" }
          /^[0-9]/ { if (t == "f") f[$1] = $2; else if ($2 > 0) print $1, f[$1] / $2 }' \
         "$out/raw" >"$out/$3.$1.$4"
@@ -44,6 +46,16 @@ for run in $(seq "$runs"); do
     done
 done
 echo "Ferry/MPI, medians of $runs alternate runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${RUNS_SHOWN:-0}" = 1 ]; then
+    for test in put_bw get_bw; do
+        for label in before after; do
+            echo "$test $label, run by run (size ratio ...):"
+            for run in $(seq "$runs"); do
+                awk '{ printf "%s %.2f  ", $1, $2 } END { print "" }' "$out/$test.$label.$run"
+            done
+        done
+    done
+fi
 echo
 echo "| size | put before | put after | get before | get after |"
 echo "|---:|---:|---:|---:|---:|"
