@@ -239,7 +239,8 @@ void ferry_copy_many(const ferry_copy_item_t *items, size_t count)
         total += items[i].length;
         rewrites |= i > 0 && items[i].dst == items[i - 1].dst;
     }
-    if (count == 0 || rewrites || atomic_load_explicit(&pool.running, memory_order_relaxed) == 0 ||
+    /* acquire: a pool seen running is seen with what its start set (allowed) */
+    if (count == 0 || rewrites || atomic_load_explicit(&pool.running, memory_order_acquire) == 0 ||
         total < atomic_load_explicit(&pool.parallel_min, memory_order_relaxed) ||
         (total + CHUNK - 1) / CHUNK > UINT32_MAX || atomic_exchange(&pool.busy, 1) != 0) {
         copy_serial(items, count);
