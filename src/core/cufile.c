@@ -18,87 +18,26 @@
  * no nvidia-fs driver, and no run there has been made yet.
  */
 #include "core.h"
+#include "cufile_api.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-/* The documented error pair: a cuFile code (0: success) and a CUDA driver
- * result. */
-typedef struct cufile_result {
-    int code;
-    int cuda_code;
-} cufile_result_t;
-
-#define CUFILE_OPAQUE_FD 1 /* the handle type of a POSIX descriptor */
-
-typedef struct cufile_descriptor {
-    int type;
-    union {
-        int fd;
-        void *opaque;
-    } of;
-    const void *fs_ops; /* NULL: the kernel's file system */
-} cufile_descriptor_t;
-
-/* The leading part of the driver properties: the nvidia-fs answer.  The
- * whole structure is larger; it is read into a buffer with room to spare. */
-typedef struct cufile_nvfs_part {
-    unsigned major_version;
-    unsigned minor_version;
-    size_t poll_threshold;
-    size_t max_direct_io;
-    unsigned status_flags;
-    unsigned control_flags;
-} cufile_nvfs_part_t;
-
-static struct {
-    cufile_result_t (*driver_open)(void);
-    cufile_result_t (*driver_properties)(void *properties);
-    cufile_result_t (*handle_register)(void **handle_p, cufile_descriptor_t *descriptor);
-    void (*handle_deregister)(void *handle);
-    ssize_t (*read)(void *handle, void *device_base, size_t size, off_t file_offset,
-                    off_t device_offset);
-    ssize_t (*write)(void *handle, const void *device_base, size_t size, off_t file_offset,
-                     off_t device_offset);
-} cufile;
+static cufile_api_t cufile;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static ferry_cufile_mode_t load_mode;
 static char load_why[256];
 static unsigned nvfs_version[2];
 
-static void *symbol(void *library, const char *name)
-{
-    void *p = dlsym(library, name);
-    if (p == NULL && load_why[0] == '\0')
-        snprintf(load_why, sizeof(load_why), "libcufile lacks %s", name);
-    return p;
-}
-
 static void load(void)
 {
     load_mode = FERRY_CUFILE_ABSENT;
-    void *library = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (library == NULL)
-        library = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
-    if (library == NULL) {
-        const char *error = dlerror();
-        snprintf(load_why, sizeof(load_why), "libcufile.so.0 (or libcufile.so) not found: %s",
-                 error ? error : "dlopen failed");
+    if (cufile_api_load(&cufile, load_why, sizeof(load_why)) != 0)
         return;
-    }
-    *(void **)&cufile.driver_open = symbol(library, "cuFileDriverOpen");
-    *(void **)&cufile.driver_properties = symbol(library, "cuFileDriverGetProperties");
-    *(void **)&cufile.handle_register = symbol(library, "cuFileHandleRegister");
-    *(void **)&cufile.handle_deregister = symbol(library, "cuFileHandleDeregister");
-    *(void **)&cufile.read = symbol(library, "cuFileRead");
-    *(void **)&cufile.write = symbol(library, "cuFileWrite");
-    if (load_why[0] != '\0')
-        return; /* the library stays loaded: unloading a CUDA library is unsafe */
     cufile_result_t opened = cufile.driver_open();
     if (opened.code != 0) {
         snprintf(load_why, sizeof(load_why),
