@@ -32,7 +32,9 @@
  */
 #include <cuda_runtime.h>
 
+#define BASELINE_PROGRAM "gpu_storage_baseline"
 #include "cufile_api.h"
+#include "gpu_baseline_common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,23 +45,6 @@
 #include <unistd.h>
 
 static double seconds_per_case = 0.5;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        cudaError_t err_ = (call);                                                    \
-        if (err_ != cudaSuccess) {                                                    \
-            fprintf(stderr, "gpu_storage_baseline: %s: %s\n", #call,                  \
-                    cudaGetErrorString(err_));                                        \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 static size_t parse_size(const char *text)
 {
@@ -239,11 +224,8 @@ int main(int argc, char **argv)
         CHECK(cudaEventRecord(pp.done[i], pp.stream));
     }
     run_args_t args = {&pp, NULL, fd};
-    printf("BASELINE name=storage_pinned_write value=%.4f unit=GB/s\n",
-           rate(pinned_case, &args, 1, device, size, block));
-    printf("BASELINE name=storage_pinned_read value=%.4f unit=GB/s\n",
-           rate(pinned_case, &args, 0, device, size, block));
-    fflush(stdout);
+    result("storage_pinned_write", rate(pinned_case, &args, 1, device, size, block), "GB/s");
+    result("storage_pinned_read", rate(pinned_case, &args, 0, device, size, block), "GB/s");
 
     char why[256] = "";
     cufile_result_t opened = {-1, 0};
@@ -278,10 +260,8 @@ int main(int argc, char **argv)
                registered.code, registered.cuda_code);
         return 0;
     }
-    printf("BASELINE name=storage_cufile_write value=%.4f unit=GB/s\n",
-           rate(cufile_case, &args, 1, device, size, block));
-    printf("BASELINE name=storage_cufile_read value=%.4f unit=GB/s\n",
-           rate(cufile_case, &args, 0, device, size, block));
+    result("storage_cufile_write", rate(cufile_case, &args, 1, device, size, block), "GB/s");
+    result("storage_cufile_read", rate(cufile_case, &args, 0, device, size, block), "GB/s");
     cufile.handle_deregister(args.handle);
     close(fd);
     return 0;

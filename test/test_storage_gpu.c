@@ -19,6 +19,7 @@
 
 #include "../src/core/core.h"
 #include "capture_stderr.h"
+#include "gpu_vendor.h"
 #include "one_request.h"
 #include "peer_process.h"
 #include "test_pattern.h"
@@ -41,15 +42,9 @@ static int peer_running;
 
 static void find_vendor(void)
 {
-    const char *k = getenv("FERRY_TEST_GPU_KIND");
-    snprintf(kind, sizeof(kind), "%s", k && *k ? k : "testgpu");
-    snprintf(device0, sizeof(device0), "%s:0", kind);
-    if (strcmp(kind, "testgpu") == 0)
-        setenv("FERRY_TESTGPU_DEVICES", "2", 0);
-    vendor = ferry_accel_find(getenv("FERRY_MODULE_DIR"), kind);
+    vendor = gpu_vendor_find(kind, sizeof(kind), device0, sizeof(device0));
     if (vendor == NULL)
-        cr_skip_test("no %s device here (ferry_info -d says why): GPU storage tests skipped",
-                     kind);
+        cr_skip_test("no %s device here (ferry_info -d says why): GPU storage tests skipped", kind);
 }
 
 /* A FILE_SIZE file of zeros in dir. */
@@ -108,21 +103,24 @@ static void file_io(int write, uint64_t offset, void *buffer, size_t length)
     close(fd);
 }
 
-static void device_fill(void *at, size_t length, unsigned seed)
+/* Nothing was written to [offset, +length) of the file (it was zeros). */
+static void file_untouched(uint64_t offset, size_t length)
 {
-    unsigned char *host = malloc(length);
-    test_pattern_fill(host, length, seed);
-    cr_assert_eq(vendor->copy(at, host, length), FERRY_OK);
-    free(host);
+    unsigned char *check = malloc(length);
+    file_io(0, offset, check, length);
+    for (size_t i = 0; i < length; i++)
+        cr_assert_eq(check[i], 0, "byte %zu written", i);
+    free(check);
 }
 
-static size_t device_check(const void *at, size_t length, unsigned seed)
+static void device_fill(void *device, size_t length, unsigned seed)
 {
-    unsigned char *host = malloc(length);
-    cr_assert_eq(vendor->copy(host, at, length), FERRY_OK);
-    size_t bad = test_pattern_check(host, length, seed);
-    free(host);
-    return bad;
+    gpu_vendor_fill(vendor, device, length, seed);
+}
+
+static size_t device_check(const void *device, size_t length, unsigned seed)
+{
+    return gpu_vendor_check(vendor, device, length, seed);
 }
 
 /* Where in the buffer, how long, and where in the device buffer: aligned
@@ -200,12 +198,13 @@ static void own_storage(const char *mode)
     cr_assert_eq(ferry_unregister(engine, addr), FERRY_OK);
 }
 
-static void peer_storage(const char *mode)
+/* A peer owns the storage (env: its environment); transport serves it. */
+static void peer_storage(const char *mode, const char *const *env, const char *transport)
 {
     start(mode);
     ferry_segment_h segment;
-    uintptr_t addr = owner_start(NULL, 0, &segment);
-    write_read_cases(segment, addr, "file");
+    uintptr_t addr = owner_start(env, 0, &segment);
+    write_read_cases(segment, addr, transport);
     ferry_segment_close(engine, segment);
 }
 
@@ -221,24 +220,20 @@ Test(storage_gpu, own_storage_auto)
 
 Test(storage_gpu, same_host_peer_by_file_staging)
 {
-    peer_storage("staging");
+    peer_storage("staging", NULL, "file");
 }
 
 Test(storage_gpu, same_host_peer_by_file_auto)
 {
-    peer_storage("auto");
+    peer_storage("auto", NULL, "file");
 }
 
 /* The owner on "another host": the file transport does not reach its file,
  * tcp serves it (the owner does the I/O; this side stages the device). */
 Test(storage_gpu, other_host_peer_by_tcp)
 {
-    start("auto");
     static const char *const env[] = {"FERRY_HOST_ID=storage-gpu-owner-host", NULL};
-    ferry_segment_h segment;
-    uintptr_t addr = owner_start(env, 0, &segment);
-    write_read_cases(segment, addr, "tcp");
-    ferry_segment_close(engine, segment);
+    peer_storage("auto", env, "tcp");
 }
 
 /* Storage registered for direct I/O only: an unaligned I/O of device
@@ -254,10 +249,7 @@ Test(storage_gpu, direct_only_refuses_unaligned)
     cr_assert_neq(one_request(engine, FERRY_OP_WRITE, device, segment, addr + 1, 4095, &xs),
                   FERRY_OK);
     cr_assert_eq(xs.error, FERRY_ERR_INVALID_PARAM);
-    unsigned char check[8192];
-    file_io(0, OFFSET, check, sizeof(check));
-    for (size_t i = 0; i < sizeof(check); i++)
-        cr_assert_eq(check[i], 0, "byte %zu written", i);
+    file_untouched(OFFSET, 8192);
     int fd = open(path, O_RDONLY | O_DIRECT);
     if (fd < 0) {
         ferry_segment_close(engine, segment);
@@ -267,6 +259,7 @@ Test(storage_gpu, direct_only_refuses_unaligned)
     cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, device, segment, addr, 8192,
                                        "file"),
                  FERRY_OK);
+    unsigned char check[8192];
     file_io(0, OFFSET, check, sizeof(check));
     cr_assert_eq(test_pattern_check(check, sizeof(check), 11), SIZE_MAX);
     ferry_segment_close(engine, segment);
@@ -302,10 +295,7 @@ Test(storage_gpu, cufile_forced_where_it_cannot_serve)
     cr_assert_not_null(log);
     cr_assert(strstr(log, "FERRY_STORAGE_GPU=cufile") != NULL, "the log says why: %s", log);
     free(log);
-    unsigned char check[4096];
-    file_io(0, OFFSET, check, sizeof(check));
-    for (size_t i = 0; i < sizeof(check); i++)
-        cr_assert_eq(check[i], 0, "byte %zu written", i);
+    file_untouched(OFFSET, 4096);
     ferry_segment_close(engine, forced_segment);
 }
 
@@ -328,5 +318,5 @@ Test(storage_gpu, cufile_own_and_peer)
                      strcmp(kind, "cuda") != 0 ? "the device is not cuda" : why);
     own_storage("cufile");
     stop();
-    peer_storage("cufile");
+    peer_storage("cufile", NULL, "file");
 }
