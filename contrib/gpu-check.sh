@@ -276,8 +276,8 @@ else
     ssize=${GPU_CHECK_STORAGE_SIZE:-1g} sblock=${GPU_CHECK_STORAGE_BLOCK:-64m}
 fi
 say "# file $sfile ($(df -PT "$(dirname "$sfile")" 2>/dev/null | awk 'NR==2 {print $2}')" \
-    "file system), $ssize round, blocks of $sblock; $(grep -m1 'GPU memory to and from' \
-    "$logs/ferry_info.txt" 2>/dev/null | sed 's/^ *//')"
+    "file system), $ssize round, blocks of $sblock; $("$build/ferry_info" 2>/dev/null |
+    grep -m1 'GPU memory to and from' | sed 's/^ *//')"
 sbaseline=$logs/storage-baseline.txt
 : > "$sbaseline"
 if [ ! -x "$nvcc" ]; then
