@@ -54,7 +54,7 @@ for op in read write; do
     line="$op: host $host"
     for p in $paths; do
         m=$(median < "$out/$op-$p")
-        line="$line, $kind:0 $p $m ($(awk -v a="$m" -v b="$host" 'BEGIN {printf "%.2fx", b > 0 ? a / b : 0}'))"
+        line="$line, $kind:0 $p $m ($(awk -v a="$m" -v b="$host" 'BEGIN {printf "%.2fx", (b > 0 ? a / b : 0)}'))"
     done
     echo "$line"
 done
