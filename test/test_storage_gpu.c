@@ -249,7 +249,11 @@ Test(storage_gpu, direct_only_refuses_unaligned)
     cr_assert_neq(one_request(engine, FERRY_OP_WRITE, device, segment, addr + 1, 4095, &xs),
                   FERRY_OK);
     cr_assert_eq(xs.error, FERRY_ERR_INVALID_PARAM);
-    file_untouched(OFFSET, 8192);
+    /* Big enough to be cut into parts (file_gpu.c), but refused whole. */
+    cr_assert_neq(one_request(engine, FERRY_OP_WRITE, device, segment, addr + 1, 3 * MIB, &xs),
+                  FERRY_OK);
+    cr_assert_eq(xs.error, FERRY_ERR_INVALID_PARAM);
+    file_untouched(OFFSET, 3 * MIB + 4096);
     int fd = open(path, O_RDONLY | O_DIRECT);
     if (fd < 0) {
         ferry_segment_close(engine, segment);
