@@ -104,6 +104,9 @@
 #define FERRY_OFI_LIVENESS_MS 20
 /* The same through the peer's pidfd (a poll), at most this often. */
 #define FERRY_OFI_PIDFD_US 1000
+/* While ops are posted, the target endpoint's CQ is read on every this
+ * many looks (ofi_context.c, progress_all). */
+#define FERRY_OFI_TARGET_EVERY 4
 /* CQ entries read per call. */
 #define FERRY_OFI_CQ_BATCH 32
 
@@ -116,6 +119,7 @@ typedef struct ferry_ofi_settings {
     char *progress;      /* PROGRESS: wait | poll */
     unsigned nap_us;     /* NAP */
     unsigned spin_us;    /* SPIN */
+    unsigned fd_spin_us; /* FD_SPIN */
     int hmem;            /* HMEM */
 } ferry_ofi_settings_t;
 
@@ -251,7 +255,12 @@ struct ferry_ofi {
     atomic_int stop;
     int wake_fd;             /* eventfd: submit and progress_leave wake the thread */
     atomic_int sleeping;
+    /* The thread naps because callers drive progress (their progress op):
+     * a submit does not wake it (the caller that waits drives its request;
+     * the nap ends within 1 ms, or at the caller's progress_leave). */
+    atomic_int caller_nap;
     atomic_uint_fast64_t caller_polls; /* bumped by each progress op */
+    atomic_uint target_turn; /* looks while busy: the target CQ every TARGET_EVERY-th */
 };
 
 /* ---- ofi_plugin.c ---- */

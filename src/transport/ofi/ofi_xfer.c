@@ -150,6 +150,21 @@ static int post(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, fi_addr_t addr, ferry_
     return (int)fi_readmsg(lane->ep, &msg, FI_COMPLETION);
 }
 
+/* Ops taken off the pending queue under the peer's lock and posted after
+ * it is dropped: one lock round trip per run instead of one per op. */
+#define PUMP_RUN 16
+
+/* After a post of a run failed at run[failed_at]: the ops after it were
+ * never posted; back to the front of the pending queue, in order (caller
+ * holds p->lock; the peer is OK). */
+static void unpost_rest(ferry_ofi_peer_t *p, ferry_ofi_op_t **run, unsigned from, unsigned n)
+{
+    for (unsigned i = n; i-- > from;) {
+        ferry_ofi_posted_unlink(p, run[i]);
+        ferry_ofi_pending_push_front(p, run[i]);
+    }
+}
+
 unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
 {
     ferry_ofi_t *ofi = p->ofi;
@@ -182,37 +197,59 @@ unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
      * region: a look at the peer's pidfd first keeps us from posting to a
      * peer already dead (once per pump, not per op). */
     gone = ofi->silent_deaths && ferry_ofi_peer_dead(p);
-    while (!gone && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
+    int again = 0;
+    while (!gone && !again && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
            p->posted < ofi->window) {
-        ferry_ofi_op_t *op = ferry_ofi_pending_pop(p);
-        ferry_ofi_posted_link(p, op);
+        /* Linked as posted before the post, so that a fence or a failure
+         * meanwhile counts them (as it counted the single op before). */
+        ferry_ofi_op_t *run[PUMP_RUN];
+        unsigned n = 0;
+        int was_idle = p->posted == 0;
+        while (n < PUMP_RUN && p->pending != 0 && p->posted < ofi->window) {
+            run[n] = ferry_ofi_pending_pop(p);
+            ferry_ofi_posted_link(p, run[n++]);
+        }
         p->attempted = 1;
         fi_addr_t addr = p->addr;
         pthread_mutex_unlock(&p->lock);
-        ret = post(ofi, lane, addr, op);
+        unsigned posted = 0;
+        while (posted < n && (ret = post(ofi, lane, addr, run[posted])) == 0)
+            posted++; /* each op posted may be finished already: not touched again */
         pthread_mutex_lock(&p->lock);
-        if (ret == 0) {
-            /* op may be finished already: not touched again */
-            if (!p->connected || p->posted == 1)
+        if (posted != 0) {
+            if (!p->connected || was_idle)
                 p->last_activity_ms = ferry_ofi_time_ms();
             p->connected = 1;
-            count++;
+            count += posted;
+        }
+        if (posted == n)
             continue;
-        }
+        ferry_ofi_op_t *op = run[posted];
         ferry_ofi_posted_unlink(p, op);
-        if (ret == -FI_EAGAIN && p->state == FERRY_OFI_PEER_OK) {
-            ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
-            break;
+        if (p->state == FERRY_OFI_PEER_OK) {
+            unpost_rest(p, run, posted + 1, n);
+            if (ret == -FI_EAGAIN) {
+                ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
+                break;
+            }
+        } else {
+            /* the peer failed meanwhile: its pending ops are failed
+             * already, so these would stay pending for good */
+            for (unsigned i = posted + 1; i < n; i++) {
+                ferry_ofi_posted_unlink(p, run[i]);
+                ferry_ofi_op_release_local(run[i]);
+                run[i]->next = failed;
+                failed = run[i];
+            }
+            again = 1;
         }
-        /* refused; or the peer failed meanwhile (its pending ops are
-         * failed already: this one would stay pending for good) */
+        /* refused; or the peer failed meanwhile */
         ferry_ofi_op_release_local(op);
         op->next = failed;
         failed = op;
-        failed_status = ret == -FI_EAGAIN ? p->why : ferry_ofi_status(ret);
-        if (ret == -FI_EAGAIN)
-            break;
-        refused = ret;
+        failed_status = p->state != FERRY_OFI_PEER_OK ? p->why : ferry_ofi_status(ret);
+        if (ret != -FI_EAGAIN)
+            refused = ret;
     }
     p->pumping = 0;
     pthread_mutex_unlock(&p->lock);
@@ -398,13 +435,15 @@ static ferry_status_t slice_key(key_memo_t *memo, const ferry_slice_t *slice,
     return FERRY_OK;
 }
 
-static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slices)
+/* The memo keeps the last key parsed, for the ops made next (an 8 B write
+ * parsed its key twice). */
+static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slices,
+                                   key_memo_t *memo)
 {
-    key_memo_t memo = {0};
     ferry_status_t status = FERRY_OK;
     for (ferry_slice_t *s = slices; s != NULL && status == FERRY_OK; s = s->next) {
         ferry_ofi_key_t *key;
-        status = slice_key(&memo, s, &key);
+        status = slice_key(memo, s, &key);
         if (status != FERRY_OK)
             ferry_error("ofi: segment \"%s\": %s 0x%llx +%zu refused: %s", peer->name,
                         status == FERRY_ERR_OUT_OF_RANGE ? "range" : "key of",
@@ -412,7 +451,6 @@ static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slic
                         status == FERRY_ERR_OUT_OF_RANGE ? "outside its key's buffer"
                                                          : "the key does not parse");
     }
-    free(memo.key.raw);
     return status;
 }
 
@@ -446,14 +484,15 @@ static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
 {
     ferry_ofi_t *ofi = ctx;
-    ferry_status_t status = check_slices(peer, slices);
-    if (status != FERRY_OK)
-        return status;
-    ferry_ofi_peer_t *p;
-    status = ferry_ofi_peer_get(ofi, peer, &p);
-    if (status != FERRY_OK)
-        return status;
     key_memo_t memo = {0};
+    ferry_status_t status = check_slices(peer, slices, &memo);
+    ferry_ofi_peer_t *p = NULL;
+    if (status == FERRY_OK)
+        status = ferry_ofi_peer_get(ofi, peer, &p);
+    if (status != FERRY_OK) {
+        free(memo.key.raw);
+        return status;
+    }
     ferry_slice_t *failed = NULL;
     ferry_status_t failed_status = FERRY_OK;
     ferry_ofi_op_t *first = NULL, *last = NULL;
