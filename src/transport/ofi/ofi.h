@@ -68,6 +68,8 @@
  *                                   (FI_THREAD_SAFE); write: swap or close
  *                                   the lane.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
+ *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
+ *                                   taken under it (a leaf).
  *   peer->lock (mutex)              posted and pending lists and counts,
  *                                   state, why, last_activity_ms,
  *                                   lane_id, addr, attempted, connected,
@@ -107,6 +109,8 @@
 /* While ops are posted, the target endpoint's CQ is read on every this
  * many looks (ofi_context.c, progress_all). */
 #define FERRY_OFI_TARGET_EVERY 4
+/* Finished ops kept for reuse (ofi_xfer.c). */
+#define FERRY_OFI_OP_CACHE 1024
 /* CQ entries read per call. */
 #define FERRY_OFI_CQ_BATCH 32
 
@@ -250,6 +254,13 @@ struct ferry_ofi {
     atomic_uint busy_peers;  /* peers with ops posted or pending: the thread polls */
     atomic_uint pending_ops; /* ops pending on all peers: the thread pumps */
 
+    /* Finished ops kept for the next submits (at most FERRY_OFI_OP_CACHE):
+     * a submit takes its ops and a CQ read's worth of finished ops goes
+     * back in one lock hold each, instead of a calloc and a free per op. */
+    pthread_mutex_t op_cache_lock;
+    ferry_ofi_op_t *op_cache;
+    unsigned op_cache_count;
+
     pthread_t thread;
     int thread_started;
     atomic_int stop;
@@ -385,5 +396,7 @@ ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p);
 /* Finish a chain of ops (linked by next) taken off their lists with one
  * status: slices done, peer references dropped, ops freed. */
 void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status);
+/* Free the ops kept for reuse (destroy, after the lane is closed). */
+void ferry_ofi_op_cache_free(ferry_ofi_t *ofi);
 
 #endif

@@ -200,8 +200,10 @@ static void ofi_destroy(void *ctx)
         return;
     ferry_ofi_context_quiesce(ofi);
     ferry_ofi_context_close(ofi);
+    ferry_ofi_op_cache_free(ofi);
     pthread_rwlock_destroy(&ofi->lane_lock);
     pthread_mutex_destroy(&ofi->lock);
+    pthread_mutex_destroy(&ofi->op_cache_lock);
     ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &ofi->settings);
     free(ofi->address);
     free(ofi);
@@ -219,12 +221,14 @@ static ferry_status_t ofi_create(const ferry_transport_services_t *svc, void **c
     ofi->target_fd = -1;
     ofi->wake_fd = -1;
     pthread_mutex_init(&ofi->lock, NULL);
+    pthread_mutex_init(&ofi->op_cache_lock, NULL);
     pthread_rwlock_init(&ofi->lane_lock, NULL);
     ferry_status_t status = ferry_settings_read("OFI", ferry_ofi_settings_table,
                                                 ferry_ofi_settings_count, &ofi->settings);
     if (status != FERRY_OK) {
         pthread_rwlock_destroy(&ofi->lane_lock);
         pthread_mutex_destroy(&ofi->lock);
+        pthread_mutex_destroy(&ofi->op_cache_lock);
         free(ofi);
         return status;
     }

@@ -100,8 +100,63 @@ ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p)
     return op;
 }
 
+/* A chain of up to want ops from the cache (linked by next); the caller
+ * callocs the rest. */
+static ferry_ofi_op_t *op_cache_take(ferry_ofi_t *ofi, unsigned want)
+{
+    if (want == 0)
+        return NULL;
+    pthread_mutex_lock(&ofi->op_cache_lock);
+    ferry_ofi_op_t *first = ofi->op_cache, *last = NULL;
+    unsigned taken = 0;
+    for (ferry_ofi_op_t *op = first; op != NULL && taken < want; op = op->next) {
+        last = op;
+        taken++;
+    }
+    if (last != NULL) {
+        ofi->op_cache = last->next;
+        last->next = NULL;
+        ofi->op_cache_count -= taken;
+    }
+    pthread_mutex_unlock(&ofi->op_cache_lock);
+    return last != NULL ? first : NULL;
+}
+
+/* Give finished ops back (linked by next, count of them); what the cache
+ * has no room for is freed. */
+static void op_cache_give(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_ofi_op_t *last,
+                          unsigned count)
+{
+    if (ops == NULL)
+        return;
+    pthread_mutex_lock(&ofi->op_cache_lock);
+    if (ofi->op_cache_count + count <= FERRY_OFI_OP_CACHE) {
+        last->next = ofi->op_cache;
+        ofi->op_cache = ops;
+        ofi->op_cache_count += count;
+        ops = NULL;
+    }
+    pthread_mutex_unlock(&ofi->op_cache_lock);
+    for (ferry_ofi_op_t *op = ops, *next; op != NULL; op = next) {
+        next = op->next;
+        free(op);
+    }
+}
+
+void ferry_ofi_op_cache_free(ferry_ofi_t *ofi)
+{
+    for (ferry_ofi_op_t *op = ofi->op_cache, *next; op != NULL; op = next) {
+        next = op->next;
+        free(op);
+    }
+    ofi->op_cache = NULL;
+    ofi->op_cache_count = 0;
+}
+
 void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status)
 {
+    ferry_ofi_op_t *recycled = NULL, *recycled_last = NULL;
+    unsigned recycled_count = 0;
     ferry_slice_t *done = NULL, **tail = &done;
     ferry_ofi_peer_t *peers[FERRY_OFI_CQ_BATCH];
     unsigned counts[FERRY_OFI_CQ_BATCH], distinct = 0;
@@ -123,13 +178,18 @@ void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t 
             peers[distinct] = op->peer;
             counts[distinct++] = 1;
         }
-        free(op);
+        op->next = recycled;
+        recycled = op;
+        if (recycled_last == NULL)
+            recycled_last = op;
+        recycled_count++;
     }
     *tail = NULL;
     ferry_transport_slices_done(&ofi->svc, done, status);
     for (unsigned i = 0; i < distinct; i++)
         while (counts[i]-- > 0)
             ferry_ofi_peer_put(peers[i]);
+    op_cache_give(ofi, recycled, recycled_last, recycled_count);
 }
 
 /* Post one op on the lane (caller holds lane_lock for reading). */
@@ -456,11 +516,16 @@ static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slic
 
 /* An op for the slice, its target address and key resolved. */
 static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice_t *slice,
-                              const ferry_ofi_key_t *key, ferry_ofi_op_t **op_p)
+                              const ferry_ofi_key_t *key, ferry_ofi_op_t **cached,
+                              ferry_ofi_op_t **op_p)
 {
-    ferry_ofi_op_t *op = calloc(1, sizeof(*op));
-    if (op == NULL)
+    ferry_ofi_op_t *op = *cached;
+    if (op != NULL) {
+        *cached = op->next;
+        memset(op, 0, sizeof(*op));
+    } else if ((op = calloc(1, sizeof(*op))) == NULL) {
         return FERRY_ERR_NO_MEMORY;
+    }
     op->slice = slice;
     op->peer = p;
     op->rkey = key->key;
@@ -469,7 +534,7 @@ static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice
                                 0);
         if (ret != 0) {
             ferry_error("ofi: fi_mr_map_raw: %s", fi_strerror(-ret));
-            free(op);
+            op_cache_give(ofi, op, op, 1);
             return ferry_ofi_status(ret);
         }
         op->raw_mapped = 1;
@@ -497,6 +562,10 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
     ferry_status_t failed_status = FERRY_OK;
     ferry_ofi_op_t *first = NULL, *last = NULL;
     unsigned count = 0;
+    unsigned want = 0;
+    for (ferry_slice_t *slice = slices; slice != NULL; slice = slice->next)
+        want++;
+    ferry_ofi_op_t *cached = op_cache_take(ofi, want);
     ferry_slice_t *next;
     for (ferry_slice_t *slice = slices; slice != NULL; slice = next) {
         next = slice->next;
@@ -505,7 +574,7 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ofi_op_t *op = NULL;
         status = failed_status != FERRY_OK ? failed_status : slice_key(&memo, slice, &key);
         if (status == FERRY_OK)
-            status = make_op(ofi, p, slice, key, &op);
+            status = make_op(ofi, p, slice, key, &cached, &op);
         if (status != FERRY_OK) {
             /* the rest of the run fails with it, as one chain */
             slice->next = failed;
@@ -521,6 +590,15 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         count++;
     }
     free(memo.key.raw);
+    if (cached != NULL) { /* a slice failed: its op was not made */
+        ferry_ofi_op_t *last_cached = cached;
+        unsigned left = 1;
+        while (last_cached->next != NULL) {
+            last_cached = last_cached->next;
+            left++;
+        }
+        op_cache_give(ofi, cached, last_cached, left);
+    }
     if (first != NULL) {
         ferry_ofi_peer_ref(p, count);
         pthread_mutex_lock(&p->lock);
