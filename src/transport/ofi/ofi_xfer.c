@@ -122,6 +122,15 @@ static ferry_ofi_op_t *op_cache_take(ferry_ofi_t *ofi, unsigned want)
     return last != NULL ? first : NULL;
 }
 
+static void free_chain(ferry_ofi_op_t *ops)
+{
+    while (ops != NULL) {
+        ferry_ofi_op_t *next = ops->next;
+        free(ops);
+        ops = next;
+    }
+}
+
 /* Give finished ops back (linked by next, count of them); what the cache
  * has no room for is freed. */
 static void op_cache_give(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_ofi_op_t *last,
@@ -137,18 +146,12 @@ static void op_cache_give(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_ofi_op_t 
         ops = NULL;
     }
     pthread_mutex_unlock(&ofi->op_cache_lock);
-    for (ferry_ofi_op_t *op = ops, *next; op != NULL; op = next) {
-        next = op->next;
-        free(op);
-    }
+    free_chain(ops);
 }
 
 void ferry_ofi_op_cache_free(ferry_ofi_t *ofi)
 {
-    for (ferry_ofi_op_t *op = ofi->op_cache, *next; op != NULL; op = next) {
-        next = op->next;
-        free(op);
-    }
+    free_chain(ofi->op_cache);
     ofi->op_cache = NULL;
     ofi->op_cache_count = 0;
 }
