@@ -109,6 +109,9 @@
 /* While ops are posted, the target endpoint's CQ is read on every this
  * many looks (ofi_context.c, progress_all). */
 #define FERRY_OFI_TARGET_EVERY 4
+/* In a spin window the progress thread yields the core on every this many
+ * empty looks (ofi_context.c, spin_look). */
+#define FERRY_OFI_YIELD_EVERY 8
 /* Finished ops kept for reuse (ofi_xfer.c). */
 #define FERRY_OFI_OP_CACHE 1024
 /* CQ entries read per call. */
@@ -271,6 +274,7 @@ struct ferry_ofi {
      * the nap ends within 1 ms, or at the caller's progress_leave). */
     atomic_int caller_nap;
     atomic_uint_fast64_t caller_polls; /* bumped by each progress op */
+    atomic_uint_fast64_t caller_leaves; /* bumped by each progress_leave */
     atomic_uint target_turn; /* looks while busy: the target CQ every TARGET_EVERY-th */
 };
 

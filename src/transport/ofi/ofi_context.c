@@ -342,6 +342,7 @@ void ferry_ofi_progress_leave(void *ctx)
 {
     ferry_ofi_t *ofi = ctx;
     uint64_t one = 1;
+    atomic_fetch_add_explicit(&ofi->caller_leaves, 1, memory_order_release);
     if (write(ofi->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         ferry_debug("ofi: wake: %s", strerror(errno));
 }
@@ -390,7 +391,19 @@ static int sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 typedef struct pace {
     uint64_t last_event_us; /* the last completion, RMA served or wakeup */
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
+    unsigned empty_spins;   /* empty looks in a spin window */
 } pace_t;
+
+/* An empty look inside a spin window: the core is yielded on every
+ * FERRY_OFI_YIELD_EVERY-th only.  A sched_yield on each look made the
+ * target's answer to an 8 B write wait for a system call (0.2-1.2 us here)
+ * where the bare loop's target spins; a few looks between yields are a
+ * microsecond or two of a core. */
+static void spin_look(pace_t *pace)
+{
+    if (++pace->empty_spins % FERRY_OFI_YIELD_EVERY == 0)
+        sched_yield();
+}
 
 /* Nothing happened in this look.  While ops are posted where our own CQ
  * reads move their bytes (rxm): keep polling, yielding.  Idle with a wait
@@ -415,7 +428,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
          * on the fd; where a core is free it takes the target thread's
          * wakeup out of each request (doc/performance.md, third round) */
         if (now - pace->last_event_us < ofi->settings.fd_spin_us) {
-            sched_yield();
+            spin_look(pace);
             return;
         }
         unsigned timeout = ofi->settings.timeout_ms / 4;
@@ -425,7 +438,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         return;
     }
     if (now - pace->last_event_us < ofi->settings.spin_us) {
-        sched_yield();
+        spin_look(pace);
         return;
     }
     unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
@@ -441,7 +454,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 static void *progress_thread(void *arg)
 {
     ferry_ofi_t *ofi = arg;
-    uint64_t seen_polls = 0, last_sweep = ferry_ofi_time_ms();
+    uint64_t seen_polls = 0, seen_leaves = 0, last_sweep = ferry_ofi_time_ms();
     unsigned off_us = 0;
     pace_t pace = {.last_event_us = ferry_ofi_time_us()};
     /* naps of a few microseconds mean what they say (the default slack is
@@ -454,6 +467,14 @@ static void *progress_thread(void *arg)
             last_sweep = now;
         }
         uint64_t polls = atomic_load_explicit(&ofi->caller_polls, memory_order_relaxed);
+        uint64_t leaves = atomic_load_explicit(&ofi->caller_leaves, memory_order_acquire);
+        if (leaves != seen_leaves) {
+            /* a caller stopped polling and sleeps until its requests are
+             * done: progress now (napping on because it had polled made
+             * its wait up to a nap longer, 1 ms at most) */
+            seen_leaves = leaves;
+            seen_polls = polls;
+        }
         if (polls != seen_polls) {
             /* a caller polls: nap, growing, until it stops; its
              * progress_leave (it goes to sleep) ends the nap at once */
