@@ -178,6 +178,7 @@ typedef struct ferry_ofi_peer {
     int connected;        /* a post was accepted on lane_id */
     int pumping;          /* somebody posts its pending ops now */
     atomic_uint busy;     /* posted + pending, read without the lock */
+    atomic_int forgotten; /* peer_forget dropped it: batch caches look it up again */
 
     int in_table;                /* ofi->lock */
     struct ferry_ofi_peer *next; /* ofi->peers; ofi->lock */
@@ -337,6 +338,18 @@ void ferry_ofi_op_release_local(ferry_ofi_op_t *op);
 /* Release what the op registered or mapped for itself. */
 void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op);
 
+/* What a batch keeps in its cache slot (ferry_peer_t.cache) between its
+ * submits: the peer it submitted to last (referenced) and the last key it
+ * parsed, found again by (descriptor_serial, key string address) without
+ * reading the string.  Released by peer_cache_release. */
+typedef struct ferry_ofi_batch_cache {
+    ferry_ofi_peer_t *peer;
+    uint64_t descriptor_serial;
+    const char *endpoint;    /* peer->endpoint's address in that descriptor */
+    const char *key_text;    /* NULL: no key kept */
+    ferry_ofi_key_t key;     /* raw always NULL: FI_MR_RAW keys are not kept */
+} ferry_ofi_batch_cache_t;
+
 /* ---- ofi_lane.c ---- */
 /* Open the first lane (context start). */
 ferry_status_t ferry_ofi_lane_start(ferry_ofi_t *ofi);
@@ -362,6 +375,10 @@ void ferry_ofi_lane_suspect(ferry_ofi_t *ofi, uint64_t lane_id);
  * endpoint string is bad. */
 ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
                                   ferry_ofi_peer_t **p_p);
+/* The same through the batch's cache slot (peer->cache) when it names that
+ * peer incarnation, else peer_get, and the slot then keeps it. */
+ferry_status_t ferry_ofi_peer_get_cached(ferry_ofi_t *ofi, const ferry_peer_t *peer,
+                                         ferry_ofi_peer_t **p_p);
 /* Another reference to a peer the caller holds one of. */
 void ferry_ofi_peer_ref(ferry_ofi_peer_t *p, unsigned count);
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p);
@@ -384,6 +401,7 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi);
 
 /* ---- ofi_xfer.c ---- */
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
+void ferry_ofi_peer_cache_release(void *ctx, void *cached);
 /* Post the peer's pending ops while its window has room and the lane
  * accepts them; returns how many were posted.  Caller holds a reference. */
 unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p);

@@ -271,6 +271,7 @@ static const ferry_transport_ops_t ofi_ops = {
     .reaches = ferry_ofi_reaches,
     .submit = ferry_ofi_submit,
     .peer_forget = ferry_ofi_peer_forget,
+    .peer_cache_release = ferry_ofi_peer_cache_release,
     .slice_size = ofi_slice_size,
     .progress = ferry_ofi_progress,
     .progress_leave = ferry_ofi_progress_leave,

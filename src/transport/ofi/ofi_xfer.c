@@ -517,6 +517,30 @@ static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slic
     return status;
 }
 
+/* The memo's key into the batch's cache slot for its next submits (the
+ * slot's peer is this submit's: peer_get_cached), or freed. */
+static void keep_key(const ferry_peer_t *peer, key_memo_t *memo)
+{
+    ferry_ofi_batch_cache_t *cache = peer->cache != NULL ? *peer->cache : NULL;
+    if (cache != NULL && memo->text != NULL && memo->status == FERRY_OK &&
+        memo->key.raw == NULL && cache->descriptor_serial == peer->descriptor_serial) {
+        cache->key_text = memo->text;
+        cache->key = memo->key;
+        return;
+    }
+    free(memo->key.raw);
+}
+
+void ferry_ofi_peer_cache_release(void *ctx, void *cached)
+{
+    (void)ctx;
+    ferry_ofi_batch_cache_t *cache = cached;
+    if (cache == NULL)
+        return;
+    ferry_ofi_peer_put(cache->peer);
+    free(cache);
+}
+
 /* An op for the slice, its target address and key resolved. */
 static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice_t *slice,
                               const ferry_ofi_key_t *key, ferry_ofi_op_t **cached,
@@ -553,10 +577,16 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
 {
     ferry_ofi_t *ofi = ctx;
     key_memo_t memo = {0};
+    const ferry_ofi_batch_cache_t *cache = peer->cache != NULL ? *peer->cache : NULL;
+    if (cache != NULL && cache->key_text != NULL &&
+        cache->descriptor_serial == peer->descriptor_serial) {
+        memo.text = cache->key_text; /* parsed by this batch's last submit */
+        memo.key = cache->key;
+    }
     ferry_status_t status = check_slices(peer, slices, &memo);
     ferry_ofi_peer_t *p = NULL;
     if (status == FERRY_OK)
-        status = ferry_ofi_peer_get(ofi, peer, &p);
+        status = ferry_ofi_peer_get_cached(ofi, peer, &p);
     if (status != FERRY_OK) {
         free(memo.key.raw);
         return status;
@@ -592,7 +622,7 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         last = op;
         count++;
     }
-    free(memo.key.raw);
+    keep_key(peer, &memo);
     if (cached != NULL) { /* a slice failed: its op was not made */
         ferry_ofi_op_t *last_cached = cached;
         unsigned left = 1;
