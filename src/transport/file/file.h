@@ -33,6 +33,9 @@
 
 #define FERRY_FILE_ENDPOINT_PREFIX "file1:"
 #define FERRY_FILE_TABLE_SIZE 64
+#define FERRY_FILE_NOWAIT_READ 1
+#define FERRY_FILE_NOWAIT_WRITE 2
+#define FERRY_FILE_OP_CACHE 1024
 
 typedef struct ferry_file_settings {
     char *engine;          /* auto, uring, threads */
@@ -42,6 +45,7 @@ typedef struct ferry_file_settings {
     char *sysfs_root;
     char *dev_root;
     char *wwid_map;
+    unsigned spin_us;        /* threads engine: how long an idle thread looks for work */
 } ferry_file_settings_t;
 
 typedef struct ferry_file_target {
@@ -60,6 +64,9 @@ typedef struct ferry_file_target {
     atomic_int unaligned_logged;
     atomic_uint refs;
     struct ferry_file_target *next;
+    /* FERRY_FILE_NOWAIT_READ/_WRITE: RWF_NOWAIT refused (EOPNOTSUPP) on
+     * fd, not tried again (the threads engine's inline attempt). */
+    atomic_int nowait_refused;
 } ferry_file_target_t;
 
 typedef struct ferry_file_op {
@@ -95,6 +102,11 @@ struct ferry_file {
     ferry_file_target_t *table[FERRY_FILE_TABLE_SIZE];
     const ferry_file_engine_ops_t *io;
     void *io_engine;
+    /* Finished ops kept for the next submits, so that an I/O allocates
+     * nothing (at most FERRY_FILE_OP_CACHE); op_lock guards them. */
+    pthread_mutex_t op_lock;
+    ferry_file_op_t *free_ops;
+    unsigned n_free_ops;
 };
 
 extern const ferry_setting_t ferry_file_settings_table[];
@@ -116,6 +128,8 @@ void ferry_file_targets_free(ferry_file_t *file);
 ferry_status_t ferry_file_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
 /* An op's I/O ended: tell the engine, drop the target, free the op. */
 void ferry_file_op_finish(ferry_file_t *file, ferry_file_op_t *op, ferry_status_t status);
+/* Free the op cache (destroy, after the engine stopped). */
+void ferry_file_ops_free(ferry_file_t *file);
 /* Status of an I/O call's result n (bytes, or -errno), the op advanced:
  * FERRY_INPROGRESS when bytes are left (a short transfer: go on). */
 ferry_status_t ferry_file_op_advance(ferry_file_op_t *op, long n);
