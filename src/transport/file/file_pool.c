@@ -11,7 +11,8 @@
  *   or to cached pages), else says EAGAIN and the op is queued.  Submit
  *   never waits for the device.
  * - a thread that runs out of work looks for more for FERRY_FILE_SPIN_US
- *   before it sleeps (one thread at a time, so it costs at most one core):
+ *   before it sleeps, yielding its core between looks (one thread at a
+ *   time, so it costs at most one core):
  *   the next request of a steady stream, submitted a few microseconds
  *   after the last completion, is taken without a wake-up.
  * - sleeping threads wait on one futex word: start wakes, once per chain
@@ -36,6 +37,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <sched.h>
 
 /* Inline (RWF_NOWAIT) attempts and the waiter's ops are this small at
  * most: more would hold the submitting or waiting thread too long. */
@@ -110,12 +112,15 @@ static ferry_file_op_t *spin_for_work(pool_t *pool)
         return NULL;
     ferry_file_op_t *ops = NULL;
     uint64_t start = ferry_time_us();
-    for (unsigned i = 1; !atomic_load_explicit(&pool->stopping, memory_order_relaxed); i++) {
+    while (!atomic_load_explicit(&pool->stopping, memory_order_relaxed)) {
         if (atomic_load_explicit(&pool->queued, memory_order_relaxed) > 0 &&
             (ops = take_share(pool)) != NULL)
             break;
-        ferry_cpu_relax();
-        if (i % 64 == 0 && ferry_time_us() - start >= pool->spin_us)
+        /* not a pause: with fewer cores than busy threads (a VM), the
+         * core is better given to whoever has work, such as a thread whose
+         * I/O completed, or the submitter */
+        sched_yield();
+        if (ferry_time_us() - start >= pool->spin_us)
             break;
     }
     atomic_store(&pool->spinning, 0);
