@@ -12,9 +12,9 @@
  *   never waits for the device.
  * - a thread that runs out of work looks for more for FERRY_FILE_SPIN_US
  *   before it sleeps, yielding its core between looks (one thread at a
- *   time, so it costs at most one core):
- *   the next request of a steady stream, submitted a few microseconds
- *   after the last completion, is taken without a wake-up.
+ *   time, so it costs at most one core): the next request of a steady
+ *   stream, submitted a few microseconds after the last completion, is
+ *   taken without a wake-up.
  * - sleeping threads wait on one futex word: start wakes, once per chain
  *   of ops, only as many as the spinning thread does not cover.
  * - a thread takes its share of a long queue at once (one lock for many).
@@ -35,9 +35,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/uio.h>
-#include <sched.h>
 
 /* Inline (RWF_NOWAIT) attempts and the waiter's ops are this small at
  * most: more would hold the submitting or waiting thread too long. */
