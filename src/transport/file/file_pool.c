@@ -47,10 +47,10 @@ typedef struct pool {
     ferry_file_t *file;
     pthread_mutex_t lock;
     ferry_file_op_t *head, **tail;
-    atomic_uint queued;      /* ops in the queue */
-    atomic_uint spinning;    /* 0 or 1: the thread looking for work awake */
-    atomic_uint sleepers;    /* threads in (or going into) the futex wait */
-    atomic_uint seq;         /* the futex word: changes when there is work */
+    atomic_uint queued;   /* ops in the queue */
+    atomic_uint spinning; /* 0 or 1: the thread looking for work awake */
+    atomic_uint sleepers; /* threads in (or going into) the futex wait */
+    atomic_uint seq;      /* the futex word: changes when there is work */
     atomic_int stopping;
     unsigned spin_us;
     unsigned n_threads;
@@ -107,8 +107,7 @@ static ferry_file_op_t *take_share(pool_t *pool)
 static ferry_file_op_t *spin_for_work(pool_t *pool)
 {
     unsigned expected = 0;
-    if (pool->spin_us == 0 ||
-        !atomic_compare_exchange_strong(&pool->spinning, &expected, 1))
+    if (pool->spin_us == 0 || !atomic_compare_exchange_strong(&pool->spinning, &expected, 1))
         return NULL;
     ferry_file_op_t *ops = NULL;
     uint64_t start = ferry_time_us();
