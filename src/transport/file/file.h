@@ -20,8 +20,10 @@
  *   the owner liveness fields (atomics).
  * - ferry_file_op_t (one slice's I/O): made by submit, freed by op_finish
  *   after slice_done; the engine (uring or pool) owns it in between.
- * Locks: ferry_file_t.lock guards the target table; each engine has its
- * own (file_uring.c, file_pool.c).  No lock is held across slice_done.
+ *   Freed ops go to the transport's op cache (free_ops), freed at destroy.
+ * Locks: ferry_file_t.lock guards the target table, op_lock the op cache;
+ * each engine has its own (file_uring.c, file_pool.c).  No lock is held
+ * across slice_done.
  */
 #ifndef FERRY_FILE_H
 #define FERRY_FILE_H
