@@ -19,7 +19,7 @@
  *   last put closes its descriptors.  Immutable after it is made, except
  *   the owner liveness fields (atomics).
  * - ferry_file_op_t (one slice's I/O): made by submit, freed by op_finish
- *   after slice_done; the engine (uring or pool) owns it in between.
+ *   before its slice_done; the engine (uring or pool) owns it in between.
  *   Freed ops go to the transport's op cache (free_ops), freed at destroy.
  * Locks: ferry_file_t.lock guards the target table, op_lock the op cache;
  * each engine has its own (file_uring.c, file_pool.c).  No lock is held
