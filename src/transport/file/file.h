@@ -17,7 +17,7 @@
  * - ferry_file_target_t (an opened remote storage range): refs are the
  *   table's one while it is in the table, plus one per op in flight; the
  *   last put closes its descriptors.  Immutable after it is made, except
- *   the owner liveness fields (atomics).
+ *   the owner liveness fields and nowait_refused (atomics).
  * - ferry_file_op_t (one slice's I/O): made by submit, freed by op_finish
  *   before its slice_done; the engine (uring or pool) owns it in between.
  *   Freed ops go to the transport's op cache (free_ops), freed at destroy.
