@@ -144,7 +144,7 @@ static void park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane)
     *parked = (ferry_ofi_parked_t){.ep = lane->ep, .cq = lane->cq, .av = lane->av,
                                    .next = ofi->parked};
     ofi->parked = parked;
-    ferry_warn("ofi: lane %llu is parked, not closed (reads posted to a silent peer, or a "
+    ferry_warn("ofi: lane %llu is parked, not closed (operations posted to a silent peer, or a "
                "connection attempt to a failed one: libfabric 1.17's rxm may crash closing "
                "it); its memory stays until the process exits", (unsigned long long)lane->id);
     free(lane);
