@@ -11,6 +11,9 @@
 #   the range both use), RUNS (3), SECONDS_PER_RUN (5).  fio runs with
 #   --direct=1: the file transport uses O_DIRECT for aligned I/O (all of it
 #   here: 4 KiB blocks of page-aligned buffers).
+#   CASES: a grep -E pattern of the case labels to run (default: all).
+#   BASE: another build directory (main, say): its ferry_bench runs each
+#   case too, interleaved, and the medians add base and ferry/base.
 set -eu
 . "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -20,9 +23,11 @@ size=${SIZE:-256m}
 runs=${RUNS:-3}
 seconds=${SECONDS_PER_RUN:-5}
 direct=1
-export FERRY_RPC_ADDRESS=127.0.0.1 FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$build/modules/.libs}
+base=${BASE:+$BASE/ferry_bench}
+export FERRY_RPC_ADDRESS=127.0.0.1
 command -v fio >/dev/null || { echo "fio is not installed (contrib/install-deps.sh)" >&2; exit 1; }
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
+[ -z "$base" ] || [ -x "$base" ] || { echo "no ferry_bench in $BASE" >&2; exit 1; }
 
 # fio: one job; prints IOPS or GB/s (10^9 bytes) of the operation
 fio_run() { # engine rw bs iodepth unit [numjobs]
@@ -36,12 +41,14 @@ d=json.load(sys.stdin)["jobs"][0][sys.argv[1]]
 print("%.0f" % d["iops"] if sys.argv[2] == "iops" else "%.4f" % (d["bw_bytes"] / 1e9))' "$op" "$5"
 }
 
-# ferry_bench: requests in flight = window (one request per batch)
-ferry_run() { # engine op bs in_flight unit random
-    FERRY_FILE_ENGINE=$1 FERRY_FILE_THREADS=${THREADS:-4} "$bench" --spawn \
-        --remote-memory=file:"$file" --buffer-size="$size" --operation="$2" --block-size="$3" \
-        --batch-size=1 --window="$4" $6 --duration="$seconds" |
-        if [ "$5" = iops ]; then sed -n 's/^RESULT.* requests_per_s=\([0-9.]*\).*/\1/p'
+# ferry_bench: requests in flight = callers x window (one request per batch)
+ferry_run() { # bench engine op bs in_flight unit random callers
+    FERRY_FILE_ENGINE=$2 FERRY_FILE_THREADS=${THREADS:-4} \
+        FERRY_MODULE_DIR="$(dirname "$1")/modules/.libs" "$1" --spawn \
+        --remote-memory=file:"$file" --buffer-size="$size" --operation="$3" --block-size="$4" \
+        --batch-size=1 --threads="$8" --window=$(($5 / $8)) $7 \
+        --duration="$seconds" |
+        if [ "$6" = iops ]; then sed -n 's/^RESULT.* requests_per_s=\([0-9.]*\).*/\1/p'
         else sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'; fi
 }
 
@@ -52,39 +59,61 @@ fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --ioengin
     --direct=0 >/dev/null 2>&1
 
 # label | ferry engine | fio engine | ferry op | fio rw | bs | depth | unit | random | fio jobs
-cases='4k-randread-qd32|uring|io_uring|read|randread|4k|32|iops|--random|1
-4k-randwrite-qd32|uring|io_uring|write|randwrite|4k|32|iops|--random|1
-1m-read-qd16|uring|io_uring|read|read|1m|16|gbps||1
-1m-write-qd16|uring|io_uring|write|write|1m|16|gbps||1
-4k-randread-threads4|threads|psync|read|randread|4k|4|iops|--random|4'
+#   | ferry callers
+# depth is the I/O in flight on both sides: fio's jobs x iodepth, ferry's
+# callers (ferry_bench --threads) x window.  The threads engine's rows:
+# - threads4: one caller with 4 requests in flight, the pool's 4 threads do
+#   the I/O, against fio psync with 4 jobs (4 processes, each its own
+#   pread at a time: no hand-off between threads at all);
+# - threads4-callers4: 4 callers with one request each, the structure of
+#   fio's psync jobs (a waiting caller does its own queued I/O);
+# - threads4-posixaio: one caller, 4 in flight, against fio's posixaio
+#   engine at iodepth 4 (glibc's POSIX AIO: one submitter, helper threads
+#   doing pread: fio's own thread-pool engine).
+all_cases='4k-randread-qd32|uring|io_uring|read|randread|4k|32|iops|--random|1|1
+4k-randwrite-qd32|uring|io_uring|write|randwrite|4k|32|iops|--random|1|1
+1m-read-qd16|uring|io_uring|read|read|1m|16|gbps||1|1
+1m-write-qd16|uring|io_uring|write|write|1m|16|gbps||1|1
+4k-randread-threads4|threads|psync|read|randread|4k|4|iops|--random|4|1
+4k-randread-threads4-callers4|threads|psync|read|randread|4k|4|iops|--random|4|4
+4k-randread-threads4-posixaio|threads|posixaio|read|randread|4k|4|iops|--random|1|1'
+cases=$(echo "$all_cases" | grep -E "^(${CASES:-.*})\|" || true)
+[ -n "$cases" ] || { echo "no case matches CASES=$CASES" >&2; exit 1; }
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); file $file ($size), direct=$direct"
 for run in $(seq "$runs"); do
-    echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs; do
-        f=$(ferry_run "$fe" "$op" "$bs" "$depth" "$unit" "$random")
-        # the threads engine against fio's psync jobs: one I/O in flight per job
-        fdepth=$depth
-        [ "$jobs" = 1 ] || fdepth=1
-        g=$(fio_run "$fioe" "$rw" "$bs" "$fdepth" "$unit" "$jobs")
+    echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs callers; do
+        f=$(ferry_run "$bench" "$fe" "$op" "$bs" "$depth" "$unit" "$random" "$callers")
+        b=-
+        [ -z "$base" ] || b=$(ferry_run "$base" "$fe" "$op" "$bs" "$depth" "$unit" "$random" \
+                                        "$callers")
+        g=$(fio_run "$fioe" "$rw" "$bs" $((depth / jobs)) "$unit" "$jobs")
         echo "$f" >>"$tmp/$label.ferry"
+        echo "$b" >>"$tmp/$label.base"
         echo "$g" >>"$tmp/$label.fio"
-        printf 'run %s %-22s ferry %12s   fio %12s %s   load %s\n' "$run" "$label" "$f" "$g" \
-            "$unit" "$(cut -d' ' -f1 /proc/loadavg)"
+        printf 'run %s %-30s ferry %10s   base %10s   fio %10s %s   load %s\n' "$run" "$label" \
+            "$f" "$b" "$g" "$unit" "$(cut -d' ' -f1 /proc/loadavg)"
     done
 done
 echo "medians of $runs runs (load average after: $(cut -d' ' -f1-3 /proc/loadavg)):"
-echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs; do
+echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs callers; do
     f=$(median <"$tmp/$label.ferry")
     g=$(median <"$tmp/$label.fio")
-    printf '%-22s ferry %12s   fio %12s %s   ferry/fio %s\n' "$label" "$f" "$g" "$unit" \
-        "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')"
+    line=$(printf '%-30s ferry %10s   fio %10s %s   ferry/fio %s' "$label" "$f" "$g" "$unit" \
+        "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')")
+    if [ -n "$base" ]; then
+        b=$(median <"$tmp/$label.base")
+        line="$line$(printf '   base %10s   ferry/base %s' "$b" \
+            "$(awk -v f="$f" -v b="$b" 'BEGIN {printf "%.2f", f / b}')")"
+    fi
+    echo "$line"
 done
 
 [ "${TCP:-1}" = 1 ] || exit 0
 shm_file=/dev/shm/ferry-bench-tcp-storage.dat
 tcp_run() { # remote memory
-    FERRY_TRANSPORTS=tcp "$bench" --spawn --transport=tcp --remote-memory="$1" \
-        --buffer-size=64m --operation=read --block-size=1m --batch-size=32 \
-        --duration="$seconds" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
+    FERRY_TRANSPORTS=tcp FERRY_MODULE_DIR="$build/modules/.libs" "$bench" --spawn \
+        --transport=tcp --remote-memory="$1" --buffer-size=64m --operation=read --block-size=1m \
+        --batch-size=32 --duration="$seconds" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
 }
 for run in $(seq "$runs"); do
     m=$(tcp_run ferry)

@@ -10,6 +10,9 @@
 #   ofi     ferry_bench --transport=ofi with FERRY_OFI_PROVIDER, defaults
 #   ofi2    the same with OFI2_ENV set (default FERRY_OFI_PROGRESS=poll: the
 #           progress thread never sleeps); OFI2_ENV="" leaves it out
+#   ofi3    the same with OFI3_ENV set (default: left out); e.g. OFI2_ENV=
+#           "FERRY_MODULE_DIR=<another build's modules/.libs>" for the module
+#           before a change, OFI3_ENV="FERRY_OFI_FD_SPIN=1000" for a setting
 #   bare    bench-ofi-rma, the best of BARE_IDLE runs ("spin yield": both
 #           sides poll their CQ, spinning or yielding the core when it is
 #           empty; which wins depends on how busy the machine is)
@@ -25,7 +28,7 @@
 # Usage: contrib/bench-ofi-vs-bare.sh BUILD_DIR [RUNS]     (RUNS: 5)
 # Environment: SECONDS_PER_RUN (2), PROVIDERS ("tcp;ofi_rxm shm"),
 #   SIZES ("64k 1m 4m"; "" for the latencies alone), WINDOW (the ofi transport's default window, read
-#   from ferry_info -c; else 64), OFI2_ENV, BARE_IDLE, BARE_OPTIONS (more
+#   from ferry_info -c; else 64), OFI2_ENV, OFI3_ENV, BARE_IDLE, BARE_OPTIONS (more
 #   bench-ofi-rma options, e.g. "--threading=safe", to see what one change
 #   costs the bare loop).
 set -eu
@@ -37,6 +40,7 @@ seconds=${SECONDS_PER_RUN:-2}
 providers=${PROVIDERS:-"tcp;ofi_rxm shm"}
 sizes=${SIZES-"64k 1m 4m"} # SIZES="": the latencies only
 ofi2_env=${OFI2_ENV-FERRY_OFI_PROGRESS=poll}
+ofi3_env=${OFI3_ENV-}
 bare_idle=${BARE_IDLE:-"spin yield"}
 bare_options=${BARE_OPTIONS:-}
 bench=$build/ferry_bench
@@ -51,8 +55,10 @@ fi
 if [ ! -e "$FERRY_MODULE_DIR/ferry_ofi.so" ]; then
     echo "note: no ferry_ofi module in $FERRY_MODULE_DIR: the ofi columns stay empty" >&2
 fi
-contenders="ofi bare native"
-[ -n "$ofi2_env" ] && contenders="ofi ofi2 bare native"
+contenders=ofi
+[ -n "$ofi2_env" ] && contenders="$contenders ofi2"
+[ -n "$ofi3_env" ] && contenders="$contenders ofi3"
+contenders="$contenders bare native"
 
 # A default from ferry_info -c ("FERRY_OFI_WINDOW=64").
 ofi_default() { # NAME
@@ -118,6 +124,8 @@ measure() { # who provider op size batch
     ofi) ferry_run ofi "$2" "$3" "$4" "$5" ;;
     ofi2) # shellcheck disable=SC2086,SC2163 # OFI2_ENV: NAME=VALUE words, exported
         (export $ofi2_env; ferry_run ofi "$2" "$3" "$4" "$5") ;;
+    ofi3) # shellcheck disable=SC2086,SC2163 # OFI3_ENV: the same
+        (export $ofi3_env; ferry_run ofi "$2" "$3" "$4" "$5") ;;
     bare) bare_run "$2" "$3" "$4" "$5" ;;
     native)
         native=$(native_for "$2")
@@ -152,7 +160,7 @@ ratio() {
 
 # The median of each run's own ratio a/b (the two ran back to back).
 ratio_by_run() { # file_a file_b
-    paste "$1" "$2" | while read -r a b; do ratio "$a" "$b"; done | grep -v '^-$' > "$tmp/ratios" ||
+    paste "$1" "$2" | while read -r x y; do ratio "$x" "$y"; done | grep -v '^-$' > "$tmp/ratios" ||
         true
     if [ -s "$tmp/ratios" ]; then printf '%.2f\n' "$(median < "$tmp/ratios")"; else echo -; fi
 }
@@ -175,7 +183,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : > "$tmp/stderr"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); window $window; $seconds s per" \
-    "measurement; $runs runs; ofi2: ${ofi2_env:-none}; bare: best of --idle=$bare_idle" \
+    "measurement; $runs runs; ofi2: ${ofi2_env:-none}; ofi3: ${ofi3_env:-none};" \
+    "bare: best of --idle=$bare_idle" \
     "${bare_options:+($bare_options)}"
 for provider in $providers; do
     p=$(echo "$provider" | tr -c 'a-z0-9\n' '_')
@@ -196,20 +205,26 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "medians of $runs runs (GB/s = 10^9 B/s; latency in us); x/bare: ratio of the medians"
 echo "(by run: median of each run's ratio); targets: bandwidth >= 0.9x, latency <= 1.2x"
-header="%-24s %7s %7s %7s %7s  %-16s %-5s %-16s %-16s\n"
+header="%-24s %7s %7s %7s %7s %7s  %-16s %-5s %-16s %-16s %-16s\n"
 # shellcheck disable=SC2059 # the format is ours
-printf "$header" "" ofi ofi2 bare native "ofi/bare (run)" "" "ofi2/bare (run)" "ofi/native (run)"
+printf "$header" "" ofi ofi2 ofi3 bare native "ofi/bare (run)" "" "ofi2/bare (run)" \
+    "ofi3/bare (run)" "ofi/native (run)"
+# The median of another contender and its ratios to bare, or "-".
+other() { # key who -> sets ov, orat
+    ov=-; orat="-"
+    if [ -e "$1-$2" ]; then
+        ov=$(med "$1-$2"); orat="$(ratio "$ov" "$b") ($(ratio_by_run "$1-$2" "$1-bare"))"
+    fi
+}
 row() { # label key higher_is_better target
     k=$tmp/$2
     o=$(med "$k-ofi"); b=$(med "$k-bare"); n=$(med "$k-native")
-    o2=-; r2="-"
-    if [ -e "$k-ofi2" ]; then
-        o2=$(med "$k-ofi2"); r2="$(ratio "$o2" "$b") ($(ratio_by_run "$k-ofi2" "$k-bare"))"
-    fi
+    other "$k" ofi2; o2=$ov; r2=$orat
+    other "$k" ofi3; o3=$ov; r3=$orat
     r=$(ratio "$o" "$b")
     # shellcheck disable=SC2059 # the format is ours
-    printf "$header" "$1" "$o" "$o2" "$b" "$n" "$r ($(ratio_by_run "$k-ofi" "$k-bare"))" \
-        "$(verdict "$r" "$4" "$3")" "$r2" \
+    printf "$header" "$1" "$o" "$o2" "$o3" "$b" "$n" "$r ($(ratio_by_run "$k-ofi" "$k-bare"))" \
+        "$(verdict "$r" "$4" "$3")" "$r2" "$r3" \
         "$(ratio "$o" "$n") ($(ratio_by_run "$k-ofi" "$k-native"))"
 }
 for provider in $providers; do

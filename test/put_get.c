@@ -2,6 +2,7 @@
 
 #include <criterion/criterion.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,4 +111,39 @@ void put_get_after_free(ferry_engine_h engine, peer_process_t *peer, unsigned ch
                  FERRY_OK, "the other buffer still works");
     cr_assert_eq(test_pattern_check(local + 4 * MIB, 4 * MIB, 41), SIZE_MAX);
     ferry_segment_close(engine, segment);
+}
+
+void put_get_refused_after_unregister(ferry_engine_h engine, unsigned char *local,
+                                      const char *transport)
+{
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    for (size_t i = 0; i < 2; i++) /* two registrations: the second goes */
+        cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", i * MIB, MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 11);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, peer.arena + MIB,
+                                       MIB, transport),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 12", MIB, 2 * MIB), "OK");
+    char before[64];
+    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB));
+    test_pattern_fill(local, MIB, 13);
+    cr_assert_eq(one_request(engine, FERRY_OP_WRITE, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write to the unregistered buffer is refused");
+    cr_assert_eq(one_request(engine, FERRY_OP_READ, local, segment, peer.arena + MIB, 100, NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a read of the unregistered buffer is refused");
+    cr_assert_eq(one_request(engine, FERRY_OP_WRITE, local, segment, peer.arena + MIB - 8, 16,
+                             NULL),
+                 FERRY_ERR_OUT_OF_RANGE, "a write across the end of a buffer is refused");
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, peer.arena, MIB,
+                                       transport),
+                 FERRY_OK, "the live buffer still works");
+    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 13", MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB), before,
+                     "memory outside the live registrations changed");
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
 }

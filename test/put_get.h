@@ -24,5 +24,11 @@ void put_get_batch(ferry_engine_h engine, peer_process_t *peer, ferry_segment_h 
  * works.  local: 8 MiB. */
 void put_get_after_free(ferry_engine_h engine, peer_process_t *peer, unsigned char *local,
                         const char *location, const char *transport);
+/* A peer registers two buffers of 1 MiB and unregisters the second: a write
+ * to it, a read of it and a write across the first one's end are refused
+ * (FERRY_ERR_OUT_OF_RANGE) with no memory outside live registrations
+ * changed, and the first still works.  local: 1 MiB. */
+void put_get_refused_after_unregister(ferry_engine_h engine, unsigned char *local,
+                                      const char *transport);
 
 #endif

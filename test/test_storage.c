@@ -183,6 +183,44 @@ Test(storage, tmpfs_file_threads_durable)
     read_write_checked(path, FERRY_STORAGE_DURABLE);
 }
 
+/* The threads engine's slower paths: no thread spinning for work (each
+ * submit wakes sleepers), pages not cached (the inline RWF_NOWAIT read
+ * finds nothing to copy and a pool thread reads), and one batch of more
+ * ops than threads (taken in shares); bytes checked. */
+Test(storage, threads_cold_cache_no_spin)
+{
+    enum { N = 32, LEN = 1000 };
+    setenv("FERRY_FILE_SPIN_US", "0", 1);
+    start("threads");
+    unsetenv("FERRY_FILE_SPIN_US");
+    make_file("/tmp");
+    ferry_segment_h segment;
+    uintptr_t addr = owner_start(path, 0, &segment);
+    unsigned char *pattern = malloc(N * 4096);
+    cr_assert_not_null(pattern);
+    test_pattern_fill(pattern, N * 4096, 9);
+    file_write(path, OFFSET, pattern, N * 4096);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fdatasync(fd), 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    ferry_request_t reqs[N];
+    for (size_t i = 0; i < N; i++) /* unaligned: the page cache */
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_READ, .local = local + i * 4096 + 1,
+                                    .target = segment, .target_offset = addr + i * 4096 + 1,
+                                    .length = LEN, .transport = "file"};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    cr_assert_eq(ferry_batch_wait(batch, 10000), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    for (size_t i = 0; i < N; i++)
+        cr_assert_eq(memcmp(local + i * 4096 + 1, pattern + i * 4096 + 1, LEN), 0, "op %zu", i);
+    free(pattern);
+    ferry_segment_close(engine, segment);
+}
+
 Test(storage, buffered_only)
 {
     start("uring");

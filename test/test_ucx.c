@@ -400,34 +400,7 @@ Test(ucx, frozen_peer_with_ferry_alloc_memory_fails_within_timeout)
 Test(ucx, unregistered_buffer_is_refused_and_untouched)
 {
     start("sm,self", "ucx");
-    peer_process_t peer;
-    ferry_segment_h segment;
-    cr_assert_eq(peer_start(&peer, NULL), 0);
-    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
-    cr_assert_str_eq(peer_cmd(&peer, "reg %zu %zu", MIB, MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
-    test_pattern_fill(local, MIB, 11);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, MIB, "ucx"),
-                 FERRY_OK);
-    cr_assert_str_eq(peer_cmd(&peer, "unreg %zu", MIB), "OK");
-    cr_assert_str_eq(peer_cmd(&peer, "fill %zu %zu 12", MIB, 2 * MIB), "OK");
-    char before[64];
-    snprintf(before, sizeof(before), "%s", peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB));
-
-    test_pattern_fill(local, MIB, 13);
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB, 100, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a write to the unregistered buffer is refused");
-    cr_assert_eq(transfer(FERRY_OP_READ, local, segment, peer.arena + MIB, 100, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a read of the unregistered buffer is refused");
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena + MIB - 8, 16, NULL),
-                 FERRY_ERR_OUT_OF_RANGE, "a write across the end of a buffer is refused");
-    cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ucx"), FERRY_OK,
-                 "the live buffer still works");
-    cr_assert_str_eq(peer_cmd(&peer, "check 0 %zu 13", MIB), "OK");
-    cr_assert_str_eq(peer_cmd(&peer, "sum %zu %zu", MIB, 2 * MIB), before,
-                     "memory outside the live registrations changed");
-    ferry_segment_close(engine, segment);
-    peer_stop(&peer);
+    put_get_refused_after_unregister(engine, local, "ucx");
 }
 
 /* A peer (1 MiB registered, its segment open) that dies and starts again

@@ -17,11 +17,13 @@
  * - ferry_file_target_t (an opened remote storage range): refs are the
  *   table's one while it is in the table, plus one per op in flight; the
  *   last put closes its descriptors.  Immutable after it is made, except
- *   the owner liveness fields (atomics).
+ *   the owner liveness fields and nowait_refused (atomics).
  * - ferry_file_op_t (one slice's I/O): made by submit, freed by op_finish
- *   after slice_done; the engine (uring or pool) owns it in between.
- * Locks: ferry_file_t.lock guards the target table; each engine has its
- * own (file_uring.c, file_pool.c).  No lock is held across slice_done.
+ *   before its slice_done; the engine (uring or pool) owns it in between.
+ *   Freed ops go to the transport's op cache (free_ops), freed at destroy.
+ * Locks: ferry_file_t.lock guards the target table, op_lock the op cache;
+ * each engine has its own (file_uring.c, file_pool.c).  No lock is held
+ * across slice_done.
  */
 #ifndef FERRY_FILE_H
 #define FERRY_FILE_H
@@ -33,6 +35,9 @@
 
 #define FERRY_FILE_ENDPOINT_PREFIX "file1:"
 #define FERRY_FILE_TABLE_SIZE 64
+#define FERRY_FILE_NOWAIT_READ 1
+#define FERRY_FILE_NOWAIT_WRITE 2
+#define FERRY_FILE_OP_CACHE 1024
 
 typedef struct ferry_file_settings {
     char *engine;          /* auto, uring, threads */
@@ -42,6 +47,7 @@ typedef struct ferry_file_settings {
     char *sysfs_root;
     char *dev_root;
     char *wwid_map;
+    unsigned spin_us;        /* threads engine: how long an idle thread looks for work */
 } ferry_file_settings_t;
 
 typedef struct ferry_file_target {
@@ -60,6 +66,9 @@ typedef struct ferry_file_target {
     atomic_int unaligned_logged;
     atomic_uint refs;
     struct ferry_file_target *next;
+    /* FERRY_FILE_NOWAIT_READ/_WRITE: RWF_NOWAIT refused (EOPNOTSUPP) on
+     * fd, not tried again (the threads engine's inline attempt). */
+    atomic_int nowait_refused;
 } ferry_file_target_t;
 
 typedef struct ferry_file_op {
@@ -95,6 +104,11 @@ struct ferry_file {
     ferry_file_target_t *table[FERRY_FILE_TABLE_SIZE];
     const ferry_file_engine_ops_t *io;
     void *io_engine;
+    /* Finished ops kept for the next submits, so that an I/O allocates
+     * nothing (at most FERRY_FILE_OP_CACHE); op_lock guards them. */
+    pthread_mutex_t op_lock;
+    ferry_file_op_t *free_ops;
+    unsigned n_free_ops;
     /* Device-memory slices' threads (file_gpu.c): made on the first such
      * slice under lock, stopped by destroy. */
     struct ferry_file_gpu *gpu;
@@ -119,6 +133,8 @@ void ferry_file_targets_free(ferry_file_t *file);
 ferry_status_t ferry_file_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
 /* An op's I/O ended: tell the engine, drop the target, free the op. */
 void ferry_file_op_finish(ferry_file_t *file, ferry_file_op_t *op, ferry_status_t status);
+/* Free the op cache (destroy, after the engine stopped). */
+void ferry_file_ops_free(ferry_file_t *file);
 /* Status of an I/O call's result n (bytes, or -errno), the op advanced:
  * FERRY_INPROGRESS when bytes are left (a short transfer: go on). */
 ferry_status_t ferry_file_op_advance(ferry_file_op_t *op, long n);

@@ -29,6 +29,9 @@ const ferry_setting_t ferry_file_settings_table[] = {
      offsetof(ferry_file_settings_t, dev_root), FERRY_SETTING_STRING},
     {"WWID_MAP", "", "WWID=PATH[;WWID=PATH...]: namespaces attached here under other names",
      offsetof(ferry_file_settings_t, wwid_map), FERRY_SETTING_STRING},
+    {"SPIN_US", "50", "microseconds an idle thread of the threads engine looks for new work "
+     "before it sleeps (0: sleeps at once)", offsetof(ferry_file_settings_t, spin_us),
+     FERRY_SETTING_UINT},
 };
 const size_t ferry_file_settings_count =
     sizeof(ferry_file_settings_table) / sizeof(ferry_file_settings_table[0]);
@@ -42,6 +45,8 @@ static void file_destroy(void *ctx)
         file->io->stop(file->io_engine);
     ferry_file_gpu_stop(file);
     ferry_file_targets_free(file);
+    ferry_file_ops_free(file);
+    pthread_mutex_destroy(&file->op_lock);
     pthread_mutex_destroy(&file->lock);
     ferry_settings_release(ferry_file_settings_table, ferry_file_settings_count,
                            &file->settings);
@@ -91,6 +96,7 @@ static ferry_status_t file_create(const ferry_transport_services_t *svc, void **
     memcpy(&file->svc, svc, FERRY_MIN(svc->size, sizeof(file->svc)));
     file->svc.size = sizeof(file->svc);
     pthread_mutex_init(&file->lock, NULL);
+    pthread_mutex_init(&file->op_lock, NULL);
     ferry_status_t status = ferry_settings_read("FILE", ferry_file_settings_table,
                                                 ferry_file_settings_count, &file->settings);
     char identity[192];

@@ -12,11 +12,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+static ferry_file_op_t *op_alloc(ferry_file_t *file)
+{
+    pthread_mutex_lock(&file->op_lock);
+    ferry_file_op_t *op = file->free_ops;
+    if (op != NULL) {
+        file->free_ops = op->next;
+        file->n_free_ops--;
+    }
+    pthread_mutex_unlock(&file->op_lock);
+    return op != NULL ? op : malloc(sizeof(*op));
+}
+
+static void op_free(ferry_file_t *file, ferry_file_op_t *op)
+{
+    pthread_mutex_lock(&file->op_lock);
+    if (file->n_free_ops < FERRY_FILE_OP_CACHE) {
+        op->next = file->free_ops;
+        file->free_ops = op;
+        file->n_free_ops++;
+        op = NULL;
+    }
+    pthread_mutex_unlock(&file->op_lock);
+    free(op);
+}
+
+void ferry_file_ops_free(ferry_file_t *file)
+{
+    for (ferry_file_op_t *op = file->free_ops, *next; op != NULL; op = next) {
+        next = op->next;
+        free(op);
+    }
+    file->free_ops = NULL;
+    file->n_free_ops = 0;
+}
+
 void ferry_file_op_finish(ferry_file_t *file, ferry_file_op_t *op, ferry_status_t status)
 {
     ferry_slice_t *slice = op->slice;
     ferry_file_target_put(op->target);
-    free(op);
+    op_free(file, op);
     slice->next = NULL;
     file->svc.slice_done(slice, status);
 }
@@ -100,7 +135,7 @@ static ferry_file_op_t *make_op(ferry_file_t *file, ferry_file_target_t *t,
     int fd = slice->local_device ? -1 : choose_fd(t, slice, offset, status_p);
     if (fd < 0 && !slice->local_device)
         return NULL;
-    ferry_file_op_t *op = malloc(sizeof(*op));
+    ferry_file_op_t *op = op_alloc(file);
     if (op == NULL) {
         *status_p = FERRY_ERR_NO_MEMORY;
         return NULL;

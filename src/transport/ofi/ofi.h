@@ -68,6 +68,8 @@
  *                                   (FI_THREAD_SAFE); write: swap or close
  *                                   the lane.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
+ *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
+ *                                   taken under it (a leaf).
  *   peer->lock (mutex)              posted and pending lists and counts,
  *                                   state, why, last_activity_ms,
  *                                   lane_id, addr, attempted, connected,
@@ -104,6 +106,14 @@
 #define FERRY_OFI_LIVENESS_MS 20
 /* The same through the peer's pidfd (a poll), at most this often. */
 #define FERRY_OFI_PIDFD_US 1000
+/* While ops are posted, the target endpoint's CQ is read on every this
+ * many looks (ofi_context.c, progress_all). */
+#define FERRY_OFI_TARGET_EVERY 4
+/* In a spin window the progress thread yields the core on every this many
+ * empty looks (ofi_context.c, spin_look). */
+#define FERRY_OFI_YIELD_EVERY 8
+/* Finished ops kept for reuse (ofi_xfer.c). */
+#define FERRY_OFI_OP_CACHE 1024
 /* CQ entries read per call. */
 #define FERRY_OFI_CQ_BATCH 32
 
@@ -116,6 +126,7 @@ typedef struct ferry_ofi_settings {
     char *progress;      /* PROGRESS: wait | poll */
     unsigned nap_us;     /* NAP */
     unsigned spin_us;    /* SPIN */
+    unsigned fd_spin_us; /* FD_SPIN */
     int hmem;            /* HMEM */
 } ferry_ofi_settings_t;
 
@@ -167,6 +178,7 @@ typedef struct ferry_ofi_peer {
     int connected;        /* a post was accepted on lane_id */
     int pumping;          /* somebody posts its pending ops now */
     atomic_uint busy;     /* posted + pending, read without the lock */
+    atomic_int forgotten; /* peer_forget dropped it: batch caches look it up again */
 
     int in_table;                /* ofi->lock */
     struct ferry_ofi_peer *next; /* ofi->peers; ofi->lock */
@@ -246,12 +258,25 @@ struct ferry_ofi {
     atomic_uint busy_peers;  /* peers with ops posted or pending: the thread polls */
     atomic_uint pending_ops; /* ops pending on all peers: the thread pumps */
 
+    /* Finished ops kept for the next submits (at most FERRY_OFI_OP_CACHE):
+     * a submit takes its ops and a CQ read's worth of finished ops goes
+     * back in one lock hold each, instead of a calloc and a free per op. */
+    pthread_mutex_t op_cache_lock;
+    ferry_ofi_op_t *op_cache;
+    unsigned op_cache_count;
+
     pthread_t thread;
     int thread_started;
     atomic_int stop;
     int wake_fd;             /* eventfd: submit and progress_leave wake the thread */
     atomic_int sleeping;
+    /* The thread naps because callers drive progress (their progress op):
+     * a submit does not wake it (the caller that waits drives its request;
+     * the nap ends within 1 ms, or at the caller's progress_leave). */
+    atomic_int caller_nap;
     atomic_uint_fast64_t caller_polls; /* bumped by each progress op */
+    atomic_uint_fast64_t caller_leaves; /* bumped by each progress_leave */
+    atomic_uint target_turn; /* looks while busy: the target CQ every TARGET_EVERY-th */
 };
 
 /* ---- ofi_plugin.c ---- */
@@ -313,6 +338,18 @@ void ferry_ofi_op_release_local(ferry_ofi_op_t *op);
 /* Release what the op registered or mapped for itself. */
 void ferry_ofi_op_release_mr(ferry_ofi_t *ofi, ferry_ofi_op_t *op);
 
+/* What a batch keeps in its cache slot (ferry_peer_t.cache) between its
+ * submits: the peer it submitted to last (referenced) and the last key it
+ * parsed, found again by (descriptor_serial, key string address) without
+ * reading the string.  Released by peer_cache_release. */
+typedef struct ferry_ofi_batch_cache {
+    ferry_ofi_peer_t *peer;
+    uint64_t descriptor_serial;
+    const char *endpoint;    /* peer->endpoint's address in that descriptor */
+    const char *key_text;    /* NULL: no key kept */
+    ferry_ofi_key_t key;     /* raw always NULL: FI_MR_RAW keys are not kept */
+} ferry_ofi_batch_cache_t;
+
 /* ---- ofi_lane.c ---- */
 /* Open the first lane (context start). */
 ferry_status_t ferry_ofi_lane_start(ferry_ofi_t *ofi);
@@ -338,6 +375,10 @@ void ferry_ofi_lane_suspect(ferry_ofi_t *ofi, uint64_t lane_id);
  * endpoint string is bad. */
 ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
                                   ferry_ofi_peer_t **p_p);
+/* The same through the batch's cache slot (peer->cache) when it names that
+ * peer incarnation, else peer_get, and the slot then keeps it. */
+ferry_status_t ferry_ofi_peer_get_cached(ferry_ofi_t *ofi, const ferry_peer_t *peer,
+                                         ferry_ofi_peer_t **p_p);
 /* Another reference to a peer the caller holds one of. */
 void ferry_ofi_peer_ref(ferry_ofi_peer_t *p, unsigned count);
 void ferry_ofi_peer_put(ferry_ofi_peer_t *p);
@@ -360,6 +401,7 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi);
 
 /* ---- ofi_xfer.c ---- */
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices);
+void ferry_ofi_peer_cache_release(void *ctx, void *cached);
 /* Post the peer's pending ops while its window has room and the lane
  * accepts them; returns how many were posted.  Caller holds a reference. */
 unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p);
@@ -376,5 +418,7 @@ ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p);
 /* Finish a chain of ops (linked by next) taken off their lists with one
  * status: slices done, peer references dropped, ops freed. */
 void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status);
+/* Free the ops kept for reuse (destroy, after the lane is closed). */
+void ferry_ofi_op_cache_free(ferry_ofi_t *ofi);
 
 #endif

@@ -284,7 +284,11 @@ static ferry_status_t make_address(ferry_ofi_t *ofi)
 
 void ferry_ofi_wake(ferry_ofi_t *ofi)
 {
-    if (atomic_load_explicit(&ofi->sleeping, memory_order_acquire)) {
+    /* While callers poll, a wakeup per submit was one of the three thread
+     * wakeups of each 8 B write over tcp;ofi_rxm (doc/performance.md, third
+     * round): the thread woke only to nap again. */
+    if (atomic_load_explicit(&ofi->sleeping, memory_order_acquire) &&
+        !atomic_load_explicit(&ofi->caller_nap, memory_order_acquire)) {
         uint64_t one = 1;
         if (write(ofi->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
             ferry_debug("ofi: wake: %s", strerror(errno));
@@ -308,12 +312,22 @@ static unsigned pump_pending(ferry_ofi_t *ofi)
     return events;
 }
 
-/* The lane's CQ, what is pending, then the target's CQ. */
+/* The lane's CQ, what is pending, then the target's CQ: on each look
+ * while nothing is posted, on every FERRY_OFI_TARGET_EVERY-th while ops
+ * are posted or pending.  On tcp;ofi_rxm
+ * every CQ read is an epoll_wait of that endpoint's sockets, so reading
+ * both CQs on each look of a caller's spin doubled the system calls
+ * between a completion and its notice; a peer's RMA to us still waits at
+ * most a few looks. */
 static unsigned progress_all(ferry_ofi_t *ofi)
 {
     unsigned events = 0;
-    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0)
+    if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
         events = ferry_ofi_lane_progress(ofi) + pump_pending(ofi);
+        unsigned turn = atomic_fetch_add_explicit(&ofi->target_turn, 1, memory_order_relaxed);
+        if (turn % FERRY_OFI_TARGET_EVERY != 0)
+            return events;
+    }
     return events + ferry_ofi_target_progress(ofi);
 }
 
@@ -328,6 +342,7 @@ void ferry_ofi_progress_leave(void *ctx)
 {
     ferry_ofi_t *ofi = ctx;
     uint64_t one = 1;
+    atomic_fetch_add_explicit(&ofi->caller_leaves, 1, memory_order_release);
     if (write(ofi->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         ferry_debug("ofi: wake: %s", strerror(errno));
 }
@@ -347,9 +362,12 @@ static void wait_wake(ferry_ofi_t *ofi, unsigned us)
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
 }
 
-/* Sleep until the target CQ or a submit wakes us, at most timeout_ms. */
-static void sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
+/* Sleep until the target CQ or a submit wakes us, at most timeout_ms.
+ * Returns whether the target endpoint has something (its fd woke us, or
+ * fi_trywait found its CQ not empty): a peer is using us. */
+static int sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 {
+    int target_event = 1;
     atomic_store_explicit(&ofi->sleeping, 1, memory_order_release);
     struct fid *cq = &ofi->target_cq->fid;
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0 &&
@@ -358,26 +376,43 @@ static void sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
         struct pollfd fds[2] = {{.fd = ofi->wake_fd, .events = POLLIN},
                                 {.fd = ofi->target_fd, .events = POLLIN}};
         uint64_t count;
-        if (poll(fds, 2, timeout_ms) > 0 && (fds[0].revents & POLLIN) &&
-            read(ofi->wake_fd, &count, sizeof(count)) < 0)
-            count = 0;
+        target_event = 0;
+        if (poll(fds, 2, timeout_ms) > 0) {
+            target_event = (fds[1].revents & POLLIN) != 0;
+            if ((fds[0].revents & POLLIN) && read(ofi->wake_fd, &count, sizeof(count)) < 0)
+                count = 0;
+        }
     } /* else the CQ has something: read it */
     atomic_store_explicit(&ofi->sleeping, 0, memory_order_release);
+    return target_event;
 }
 
 /* The thread's state between looks. */
 typedef struct pace {
     uint64_t last_event_us; /* the last completion, RMA served or wakeup */
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
+    unsigned empty_spins;   /* empty looks in a spin window */
 } pace_t;
+
+/* An empty look inside a spin window: the core is yielded on every
+ * FERRY_OFI_YIELD_EVERY-th only.  A sched_yield on each look made the
+ * target's answer to an 8 B write wait for a system call (0.2-1.2 us here)
+ * where the bare loop's target spins; a few looks between yields are a
+ * microsecond or two of a core. */
+static void spin_look(pace_t *pace)
+{
+    if (++pace->empty_spins % FERRY_OFI_YIELD_EVERY == 0)
+        sched_yield();
+}
 
 /* Nothing happened in this look.  While ops are posted where our own CQ
  * reads move their bytes (rxm): keep polling, yielding.  Idle with a wait
- * fd (rxm): sleep on it.  Without one (shm): keep polling for the spin
- * window after the last event (RMA served counts), then back off in
- * growing naps (from 1 us: ops posted up to 64 us, idle up to
- * FERRY_OFI_NAP).  A peer's RMA (fd), a submit or a caller's
- * progress_leave ends a nap or sleep. */
+ * fd (rxm): keep polling for FERRY_OFI_FD_SPIN after the last event (the
+ * fd waking us counts: served RMA leaves no CQ entry), then sleep on it.
+ * Without one (shm): keep polling for the spin window after the last
+ * event (RMA served counts), then back off in growing naps (from 1 us: ops
+ * posted up to 64 us, idle up to FERRY_OFI_NAP).  A peer's RMA (fd), a
+ * submit or a caller's progress_leave ends a nap or sleep. */
 static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 {
     int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
@@ -385,18 +420,25 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         sched_yield();
         return;
     }
+    uint64_t now = ferry_ofi_time_us();
     if (!busy && ofi->target_fd >= 0) {
-        /* A peer's RMA wakes the fd: no spin window (on this shared
-         * 2-core host, spinning after each event made an 8 B write over
-         * tcp;ofi_rxm take 80 us with sched_yield and 0.3-2 ms without,
-         * against ~45 us sleeping on the fd) */
+        /* FD_SPIN is 0 by default: on this shared 2-core host, spinning
+         * after each event made an 8 B write over tcp;ofi_rxm take 80 us
+         * with sched_yield and 0.3-2 ms without, against ~45 us sleeping
+         * on the fd; where a core is free it takes the target thread's
+         * wakeup out of each request (doc/performance.md, third round) */
+        if (now - pace->last_event_us < ofi->settings.fd_spin_us) {
+            spin_look(pace);
+            return;
+        }
         unsigned timeout = ofi->settings.timeout_ms / 4;
-        sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+        if (sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout))
+            pace->last_event_us = ferry_ofi_time_us();
         pace->nap_us = 0;
         return;
     }
-    if (ferry_ofi_time_us() - pace->last_event_us < ofi->settings.spin_us) {
-        sched_yield();
+    if (now - pace->last_event_us < ofi->settings.spin_us) {
+        spin_look(pace);
         return;
     }
     unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
@@ -412,7 +454,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 static void *progress_thread(void *arg)
 {
     ferry_ofi_t *ofi = arg;
-    uint64_t seen_polls = 0, last_sweep = ferry_ofi_time_ms();
+    uint64_t seen_polls = 0, seen_leaves = 0, last_sweep = ferry_ofi_time_ms();
     unsigned off_us = 0;
     pace_t pace = {.last_event_us = ferry_ofi_time_us()};
     /* naps of a few microseconds mean what they say (the default slack is
@@ -425,12 +467,22 @@ static void *progress_thread(void *arg)
             last_sweep = now;
         }
         uint64_t polls = atomic_load_explicit(&ofi->caller_polls, memory_order_relaxed);
+        uint64_t leaves = atomic_load_explicit(&ofi->caller_leaves, memory_order_acquire);
+        if (leaves != seen_leaves) {
+            /* a caller stopped polling and sleeps until its requests are
+             * done: progress now (napping on because it had polled made
+             * its wait up to a nap longer, 1 ms at most) */
+            seen_leaves = leaves;
+            seen_polls = polls;
+        }
         if (polls != seen_polls) {
             /* a caller polls: nap, growing, until it stops; its
              * progress_leave (it goes to sleep) ends the nap at once */
             seen_polls = polls;
             off_us = off_us ? FERRY_OFI_MIN(off_us * 2, 1000u) : 50u;
+            atomic_store_explicit(&ofi->caller_nap, 1, memory_order_release);
             wait_wake(ofi, off_us);
+            atomic_store_explicit(&ofi->caller_nap, 0, memory_order_release);
             pace.last_event_us = ferry_ofi_time_us();
             continue;
         }

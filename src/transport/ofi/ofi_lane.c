@@ -103,13 +103,14 @@ void ferry_ofi_lane_suspect(ferry_ofi_t *ofi, uint64_t lane_id)
 /* Whether closing the lane could crash (tcp;ofi_rxm, libfabric 1.17), as
  * seen: a peer failed here while rxm was still connecting to it (lane
  * suspect), or a peer we cannot see alive (another host, or gone) has
- * posts refused and none accepted (the probe, 3 crashes in 34), or reads
- * are posted to a peer that stopped answering without rxm noticing (a
- * frozen peer, or a killed one before the reset arrived: SIGSEGV at 0x20
- * inside fi_close in test_ofi's frozen-peer read test, and 1 run in 5
- * with per-peer endpoints).  When stopping, any read posted counts: the
- * engine does not know which peer would answer.  Caller holds lane_lock
- * for writing and ofi->lock. */
+ * posts refused and none accepted (the probe, 3 crashes in 34), or
+ * operations are posted to a peer that stopped answering without rxm
+ * noticing (a frozen peer, or a killed one before the reset arrived:
+ * SIGSEGV at 0x20 inside fi_close, with reads in test_ofi's frozen-peer
+ * read test and 1 run in 5 with per-peer endpoints, and with writes in
+ * its frozen-peer-among-healthy-ones test under ASan).  When stopping,
+ * any read posted counts: the engine does not know which peer would
+ * answer.  Caller holds lane_lock for writing and ofi->lock. */
 static int must_park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stopping)
 {
     if (!ofi->park_on_silence)
@@ -121,12 +122,13 @@ static int must_park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stopping)
         pthread_mutex_lock(&p->lock);
         int here = p->lane_id == lane->id;
         int connecting = here && p->attempted && !p->connected;
+        int silent = here && p->state != FERRY_OFI_PEER_OK && p->posted_ops != NULL;
         int reads = 0;
-        if (here && (stopping || p->state != FERRY_OFI_PEER_OK))
+        if (here && stopping)
             for (ferry_ofi_op_t *op = p->posted_ops; op != NULL && !reads; op = op->next)
                 reads = op->slice->opcode == FERRY_OP_READ;
         pthread_mutex_unlock(&p->lock);
-        park = reads || (connecting && (p->pid == 0 || ferry_ofi_peer_dead(p)));
+        park = silent || reads || (connecting && (p->pid == 0 || ferry_ofi_peer_dead(p)));
     }
     return park;
 }
@@ -142,7 +144,7 @@ static void park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane)
     *parked = (ferry_ofi_parked_t){.ep = lane->ep, .cq = lane->cq, .av = lane->av,
                                    .next = ofi->parked};
     ofi->parked = parked;
-    ferry_warn("ofi: lane %llu is parked, not closed (reads posted to a silent peer, or a "
+    ferry_warn("ofi: lane %llu is parked, not closed (operations posted to a silent peer, or a "
                "connection attempt to a failed one: libfabric 1.17's rxm may crash closing "
                "it); its memory stays until the process exits", (unsigned long long)lane->id);
     free(lane);

@@ -223,6 +223,47 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
     return FERRY_OK;
 }
 
+ferry_status_t ferry_ofi_peer_get_cached(ferry_ofi_t *ofi, const ferry_peer_t *peer,
+                                         ferry_ofi_peer_t **p_p)
+{
+    ferry_ofi_batch_cache_t *cache = peer->cache != NULL ? *peer->cache : NULL;
+    ferry_ofi_peer_t *p = cache != NULL ? cache->peer : NULL;
+    /* The same descriptor's string at the same address is the same string;
+     * another descriptor's is compared (a refreshed one of the same peer). */
+    if (p != NULL && !atomic_load_explicit(&p->forgotten, memory_order_acquire) &&
+        p->generation == peer->generation &&
+        ((cache->descriptor_serial == peer->descriptor_serial &&
+          cache->endpoint == peer->endpoint) ||
+         strcmp(p->endpoint, peer->endpoint) == 0)) {
+        ferry_ofi_peer_ref(p, 1);
+        ferry_status_t status = peer_state(p);
+        if (status != FERRY_OK) {
+            ferry_ofi_peer_put(p);
+            return status;
+        }
+        if (cache->descriptor_serial != peer->descriptor_serial) {
+            cache->key_text = NULL; /* the old descriptor's, maybe gone */
+            cache->descriptor_serial = peer->descriptor_serial;
+            cache->endpoint = peer->endpoint;
+        }
+        *p_p = p;
+        return FERRY_OK;
+    }
+    ferry_status_t status = ferry_ofi_peer_get(ofi, peer, p_p);
+    if (status != FERRY_OK || peer->cache == NULL)
+        return status;
+    if (cache == NULL && (cache = calloc(1, sizeof(*cache))) == NULL)
+        return FERRY_OK; /* nothing kept: the next submit looks it up again */
+    ferry_ofi_peer_put(cache->peer);
+    ferry_ofi_peer_ref(*p_p, 1);
+    cache->peer = *p_p;
+    cache->descriptor_serial = peer->descriptor_serial;
+    cache->endpoint = peer->endpoint;
+    cache->key_text = NULL; /* another peer's descriptor */
+    *peer->cache = cache;
+    return FERRY_OK;
+}
+
 void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *what,
                          int provider_saw_it)
 {
@@ -286,8 +327,10 @@ void ferry_ofi_peer_forget(void *ctx, const ferry_peer_t *peer)
     ferry_ofi_peer_t *p = table_find(ofi, peer->endpoint);
     if (p != NULL && p->generation != peer->generation)
         p = NULL;
-    if (p != NULL)
+    if (p != NULL) {
         p->in_table = 0;
+        atomic_store_explicit(&p->forgotten, 1, memory_order_release);
+    }
     pthread_mutex_unlock(&ofi->lock);
     /* the table's; its ops keep it until they are finished */
     if (p != NULL)

@@ -50,6 +50,12 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
             spin_us, FERRY_SETTING_UINT),
     SETTING("HMEM", "n", "ask the provider for FI_HMEM, so that cuda:N and rocm:N buffers get "
             "keys (untested: no provider here offers it)", hmem, FERRY_SETTING_BOOL),
+    SETTING("FD_SPIN", "0", "PROGRESS=wait on a provider with a wait fd (tcp;ofi_rxm): "
+            "microseconds the progress thread keeps polling after the fd woke it (a peer's "
+            "RMA) or after its last completion, before it sleeps on the fd again; an 8 B write "
+            "to such a target then waits for no thread wakeup (0: sleep at once; a core while "
+            "requests keep coming)",
+            fd_spin_us, FERRY_SETTING_UINT),
 };
 const size_t ferry_ofi_settings_count = FERRY_OFI_ARRAY_SIZE(ferry_ofi_settings_table);
 
@@ -171,6 +177,10 @@ static ferry_status_t parse_settings(ferry_ofi_t *ofi)
         ferry_error("FERRY_OFI_SPIN=%u is above 1 s", s->spin_us);
         return FERRY_ERR_INVALID_PARAM;
     }
+    if (s->fd_spin_us > 1000000) {
+        ferry_error("FERRY_OFI_FD_SPIN=%u is above 1 s", s->fd_spin_us);
+        return FERRY_ERR_INVALID_PARAM;
+    }
     if (s->nap_us > 1000000) {
         ferry_error("FERRY_OFI_NAP=%u is above 1 s", s->nap_us);
         return FERRY_ERR_INVALID_PARAM;
@@ -190,8 +200,10 @@ static void ofi_destroy(void *ctx)
         return;
     ferry_ofi_context_quiesce(ofi);
     ferry_ofi_context_close(ofi);
+    ferry_ofi_op_cache_free(ofi);
     pthread_rwlock_destroy(&ofi->lane_lock);
     pthread_mutex_destroy(&ofi->lock);
+    pthread_mutex_destroy(&ofi->op_cache_lock);
     ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &ofi->settings);
     free(ofi->address);
     free(ofi);
@@ -209,12 +221,14 @@ static ferry_status_t ofi_create(const ferry_transport_services_t *svc, void **c
     ofi->target_fd = -1;
     ofi->wake_fd = -1;
     pthread_mutex_init(&ofi->lock, NULL);
+    pthread_mutex_init(&ofi->op_cache_lock, NULL);
     pthread_rwlock_init(&ofi->lane_lock, NULL);
     ferry_status_t status = ferry_settings_read("OFI", ferry_ofi_settings_table,
                                                 ferry_ofi_settings_count, &ofi->settings);
     if (status != FERRY_OK) {
         pthread_rwlock_destroy(&ofi->lane_lock);
         pthread_mutex_destroy(&ofi->lock);
+        pthread_mutex_destroy(&ofi->op_cache_lock);
         free(ofi);
         return status;
     }
@@ -257,6 +271,7 @@ static const ferry_transport_ops_t ofi_ops = {
     .reaches = ferry_ofi_reaches,
     .submit = ferry_ofi_submit,
     .peer_forget = ferry_ofi_peer_forget,
+    .peer_cache_release = ferry_ofi_peer_cache_release,
     .slice_size = ofi_slice_size,
     .progress = ferry_ofi_progress,
     .progress_leave = ferry_ofi_progress_leave,

@@ -100,8 +100,66 @@ ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p)
     return op;
 }
 
+/* A chain of up to want ops from the cache (linked by next); the caller
+ * callocs the rest. */
+static ferry_ofi_op_t *op_cache_take(ferry_ofi_t *ofi, unsigned want)
+{
+    if (want == 0)
+        return NULL;
+    pthread_mutex_lock(&ofi->op_cache_lock);
+    ferry_ofi_op_t *first = ofi->op_cache, *last = NULL;
+    unsigned taken = 0;
+    for (ferry_ofi_op_t *op = first; op != NULL && taken < want; op = op->next) {
+        last = op;
+        taken++;
+    }
+    if (last != NULL) {
+        ofi->op_cache = last->next;
+        last->next = NULL;
+        ofi->op_cache_count -= taken;
+    }
+    pthread_mutex_unlock(&ofi->op_cache_lock);
+    return last != NULL ? first : NULL;
+}
+
+static void free_chain(ferry_ofi_op_t *ops)
+{
+    while (ops != NULL) {
+        ferry_ofi_op_t *next = ops->next;
+        free(ops);
+        ops = next;
+    }
+}
+
+/* Give finished ops back (linked by next, count of them); what the cache
+ * has no room for is freed. */
+static void op_cache_give(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_ofi_op_t *last,
+                          unsigned count)
+{
+    if (ops == NULL)
+        return;
+    pthread_mutex_lock(&ofi->op_cache_lock);
+    if (ofi->op_cache_count + count <= FERRY_OFI_OP_CACHE) {
+        last->next = ofi->op_cache;
+        ofi->op_cache = ops;
+        ofi->op_cache_count += count;
+        ops = NULL;
+    }
+    pthread_mutex_unlock(&ofi->op_cache_lock);
+    free_chain(ops);
+}
+
+void ferry_ofi_op_cache_free(ferry_ofi_t *ofi)
+{
+    free_chain(ofi->op_cache);
+    ofi->op_cache = NULL;
+    ofi->op_cache_count = 0;
+}
+
 void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t status)
 {
+    ferry_ofi_op_t *recycled = NULL, *recycled_last = NULL;
+    unsigned recycled_count = 0;
     ferry_slice_t *done = NULL, **tail = &done;
     ferry_ofi_peer_t *peers[FERRY_OFI_CQ_BATCH];
     unsigned counts[FERRY_OFI_CQ_BATCH], distinct = 0;
@@ -123,13 +181,18 @@ void ferry_ofi_ops_finish(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_status_t 
             peers[distinct] = op->peer;
             counts[distinct++] = 1;
         }
-        free(op);
+        op->next = recycled;
+        recycled = op;
+        if (recycled_last == NULL)
+            recycled_last = op;
+        recycled_count++;
     }
     *tail = NULL;
     ferry_transport_slices_done(&ofi->svc, done, status);
     for (unsigned i = 0; i < distinct; i++)
         while (counts[i]-- > 0)
             ferry_ofi_peer_put(peers[i]);
+    op_cache_give(ofi, recycled, recycled_last, recycled_count);
 }
 
 /* Post one op on the lane (caller holds lane_lock for reading). */
@@ -148,6 +211,21 @@ static int post(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, fi_addr_t addr, ferry_
     if (slice->opcode == FERRY_OP_WRITE)
         return (int)fi_writemsg(lane->ep, &msg, FI_COMPLETION | ofi->write_flags);
     return (int)fi_readmsg(lane->ep, &msg, FI_COMPLETION);
+}
+
+/* Ops taken off the pending queue under the peer's lock and posted after
+ * it is dropped: one lock round trip per run instead of one per op. */
+#define PUMP_RUN 16
+
+/* After a post of a run failed at run[failed_at]: the ops after it were
+ * never posted; back to the front of the pending queue, in order (caller
+ * holds p->lock; the peer is OK). */
+static void unpost_rest(ferry_ofi_peer_t *p, ferry_ofi_op_t **run, unsigned from, unsigned n)
+{
+    for (unsigned i = n; i-- > from;) {
+        ferry_ofi_posted_unlink(p, run[i]);
+        ferry_ofi_pending_push_front(p, run[i]);
+    }
 }
 
 unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
@@ -182,37 +260,59 @@ unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
      * region: a look at the peer's pidfd first keeps us from posting to a
      * peer already dead (once per pump, not per op). */
     gone = ofi->silent_deaths && ferry_ofi_peer_dead(p);
-    while (!gone && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
+    int again = 0;
+    while (!gone && !again && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
            p->posted < ofi->window) {
-        ferry_ofi_op_t *op = ferry_ofi_pending_pop(p);
-        ferry_ofi_posted_link(p, op);
+        /* Linked as posted before the post, so that a fence or a failure
+         * meanwhile counts them (as it counted the single op before). */
+        ferry_ofi_op_t *run[PUMP_RUN];
+        unsigned n = 0;
+        int was_idle = p->posted == 0;
+        while (n < PUMP_RUN && p->pending != 0 && p->posted < ofi->window) {
+            run[n] = ferry_ofi_pending_pop(p);
+            ferry_ofi_posted_link(p, run[n++]);
+        }
         p->attempted = 1;
         fi_addr_t addr = p->addr;
         pthread_mutex_unlock(&p->lock);
-        ret = post(ofi, lane, addr, op);
+        unsigned posted = 0;
+        while (posted < n && (ret = post(ofi, lane, addr, run[posted])) == 0)
+            posted++; /* each op posted may be finished already: not touched again */
         pthread_mutex_lock(&p->lock);
-        if (ret == 0) {
-            /* op may be finished already: not touched again */
-            if (!p->connected || p->posted == 1)
+        if (posted != 0) {
+            if (!p->connected || was_idle)
                 p->last_activity_ms = ferry_ofi_time_ms();
             p->connected = 1;
-            count++;
+            count += posted;
+        }
+        if (posted == n)
             continue;
-        }
+        ferry_ofi_op_t *op = run[posted];
         ferry_ofi_posted_unlink(p, op);
-        if (ret == -FI_EAGAIN && p->state == FERRY_OFI_PEER_OK) {
-            ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
-            break;
+        if (p->state == FERRY_OFI_PEER_OK) {
+            unpost_rest(p, run, posted + 1, n);
+            if (ret == -FI_EAGAIN) {
+                ferry_ofi_pending_push_front(p, op); /* the sweep's deadline bounds it */
+                break;
+            }
+        } else {
+            /* the peer failed meanwhile: its pending ops are failed
+             * already, so these would stay pending for good */
+            for (unsigned i = posted + 1; i < n; i++) {
+                ferry_ofi_posted_unlink(p, run[i]);
+                ferry_ofi_op_release_local(run[i]);
+                run[i]->next = failed;
+                failed = run[i];
+            }
+            again = 1;
         }
-        /* refused; or the peer failed meanwhile (its pending ops are
-         * failed already: this one would stay pending for good) */
+        /* refused; or the peer failed meanwhile */
         ferry_ofi_op_release_local(op);
         op->next = failed;
         failed = op;
-        failed_status = ret == -FI_EAGAIN ? p->why : ferry_ofi_status(ret);
-        if (ret == -FI_EAGAIN)
-            break;
-        refused = ret;
+        failed_status = p->state != FERRY_OFI_PEER_OK ? p->why : ferry_ofi_status(ret);
+        if (ret != -FI_EAGAIN)
+            refused = ret;
     }
     p->pumping = 0;
     pthread_mutex_unlock(&p->lock);
@@ -398,13 +498,15 @@ static ferry_status_t slice_key(key_memo_t *memo, const ferry_slice_t *slice,
     return FERRY_OK;
 }
 
-static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slices)
+/* The memo keeps the last key parsed, for the ops made next (an 8 B write
+ * parsed its key twice). */
+static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slices,
+                                   key_memo_t *memo)
 {
-    key_memo_t memo = {0};
     ferry_status_t status = FERRY_OK;
     for (ferry_slice_t *s = slices; s != NULL && status == FERRY_OK; s = s->next) {
         ferry_ofi_key_t *key;
-        status = slice_key(&memo, s, &key);
+        status = slice_key(memo, s, &key);
         if (status != FERRY_OK)
             ferry_error("ofi: segment \"%s\": %s 0x%llx +%zu refused: %s", peer->name,
                         status == FERRY_ERR_OUT_OF_RANGE ? "range" : "key of",
@@ -412,17 +514,45 @@ static ferry_status_t check_slices(const ferry_peer_t *peer, ferry_slice_t *slic
                         status == FERRY_ERR_OUT_OF_RANGE ? "outside its key's buffer"
                                                          : "the key does not parse");
     }
-    free(memo.key.raw);
     return status;
+}
+
+/* The memo's key into the batch's cache slot for its next submits (the
+ * slot's peer is this submit's: peer_get_cached), or freed. */
+static void keep_key(const ferry_peer_t *peer, key_memo_t *memo)
+{
+    ferry_ofi_batch_cache_t *cache = peer->cache != NULL ? *peer->cache : NULL;
+    if (cache != NULL && memo->text != NULL && memo->status == FERRY_OK &&
+        memo->key.raw == NULL && cache->descriptor_serial == peer->descriptor_serial) {
+        cache->key_text = memo->text;
+        cache->key = memo->key;
+        return;
+    }
+    free(memo->key.raw);
+}
+
+void ferry_ofi_peer_cache_release(void *ctx, void *cached)
+{
+    (void)ctx;
+    ferry_ofi_batch_cache_t *cache = cached;
+    if (cache == NULL)
+        return;
+    ferry_ofi_peer_put(cache->peer);
+    free(cache);
 }
 
 /* An op for the slice, its target address and key resolved. */
 static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice_t *slice,
-                              const ferry_ofi_key_t *key, ferry_ofi_op_t **op_p)
+                              const ferry_ofi_key_t *key, ferry_ofi_op_t **cached,
+                              ferry_ofi_op_t **op_p)
 {
-    ferry_ofi_op_t *op = calloc(1, sizeof(*op));
-    if (op == NULL)
+    ferry_ofi_op_t *op = *cached;
+    if (op != NULL) {
+        *cached = op->next;
+        memset(op, 0, sizeof(*op));
+    } else if ((op = calloc(1, sizeof(*op))) == NULL) {
         return FERRY_ERR_NO_MEMORY;
+    }
     op->slice = slice;
     op->peer = p;
     op->rkey = key->key;
@@ -431,7 +561,7 @@ static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice
                                 0);
         if (ret != 0) {
             ferry_error("ofi: fi_mr_map_raw: %s", fi_strerror(-ret));
-            free(op);
+            op_cache_give(ofi, op, op, 1);
             return ferry_ofi_status(ret);
         }
         op->raw_mapped = 1;
@@ -446,18 +576,29 @@ static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice
 ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice_t *slices)
 {
     ferry_ofi_t *ofi = ctx;
-    ferry_status_t status = check_slices(peer, slices);
-    if (status != FERRY_OK)
-        return status;
-    ferry_ofi_peer_t *p;
-    status = ferry_ofi_peer_get(ofi, peer, &p);
-    if (status != FERRY_OK)
-        return status;
     key_memo_t memo = {0};
+    const ferry_ofi_batch_cache_t *cache = peer->cache != NULL ? *peer->cache : NULL;
+    if (cache != NULL && cache->key_text != NULL &&
+        cache->descriptor_serial == peer->descriptor_serial) {
+        memo.text = cache->key_text; /* parsed by this batch's last submit */
+        memo.key = cache->key;
+    }
+    ferry_status_t status = check_slices(peer, slices, &memo);
+    ferry_ofi_peer_t *p = NULL;
+    if (status == FERRY_OK)
+        status = ferry_ofi_peer_get_cached(ofi, peer, &p);
+    if (status != FERRY_OK) {
+        free(memo.key.raw);
+        return status;
+    }
     ferry_slice_t *failed = NULL;
     ferry_status_t failed_status = FERRY_OK;
     ferry_ofi_op_t *first = NULL, *last = NULL;
     unsigned count = 0;
+    unsigned want = 0;
+    for (ferry_slice_t *slice = slices; slice != NULL; slice = slice->next)
+        want++;
+    ferry_ofi_op_t *cached = op_cache_take(ofi, want);
     ferry_slice_t *next;
     for (ferry_slice_t *slice = slices; slice != NULL; slice = next) {
         next = slice->next;
@@ -466,7 +607,7 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         ferry_ofi_op_t *op = NULL;
         status = failed_status != FERRY_OK ? failed_status : slice_key(&memo, slice, &key);
         if (status == FERRY_OK)
-            status = make_op(ofi, p, slice, key, &op);
+            status = make_op(ofi, p, slice, key, &cached, &op);
         if (status != FERRY_OK) {
             /* the rest of the run fails with it, as one chain */
             slice->next = failed;
@@ -481,7 +622,16 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         last = op;
         count++;
     }
-    free(memo.key.raw);
+    keep_key(peer, &memo);
+    if (cached != NULL) { /* a slice failed: its op was not made */
+        ferry_ofi_op_t *last_cached = cached;
+        unsigned left = 1;
+        while (last_cached->next != NULL) {
+            last_cached = last_cached->next;
+            left++;
+        }
+        op_cache_give(ofi, cached, last_cached, left);
+    }
     if (first != NULL) {
         ferry_ofi_peer_ref(p, count);
         pthread_mutex_lock(&p->lock);
