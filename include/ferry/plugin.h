@@ -229,6 +229,19 @@ typedef struct ferry_transport_services {
      * one slice_done, never both.  Use FERRY_TRANSPORT_SERVICES_HAS: an
      * older engine's table ends before it. */
     void (*slices_done)(ferry_slice_t *slices, ferry_status_t status);
+    /* Target side, for a storage range access_acquire granted: the owner's
+     * descriptor of the file and the file offset of addr, so that the
+     * transport moves the bytes between the page cache and its socket
+     * itself (sendfile, pwrite in its own chunks) instead of through
+     * stage_in and stage_out's bounce buffer.  The descriptor stays open
+     * until access_release(token); the transport neither closes it nor
+     * moves its file position (positioned calls only), and writes with
+     * *write_flags_p (pwritev2's: RWF_DSYNC for durable storage).
+     * FERRY_ERR_UNSUPPORTED: no storage, or storage registered DIRECT or
+     * SHARED (it must not go through this host's page cache): stage_in
+     * and stage_out keep it.  Use FERRY_TRANSPORT_SERVICES_HAS. */
+    ferry_status_t (*storage_file)(void *engine, void *token, uint64_t addr, int *fd_p,
+                                   uint64_t *offset_p, int *write_flags_p);
 } ferry_transport_services_t;
 
 /* Whether the engine's services table (maybe of an older engine, hence

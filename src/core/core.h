@@ -813,6 +813,9 @@ ferry_status_t ferry_engine_stage_out(void *engine, void *token, const void *src
                                       ferry_status_t (*drain)(void *arg, const void *buffer,
                                                               size_t length),
                                       void *arg);
+/* The service of the same name (plugin.h); storage.c. */
+ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr, int *fd_p,
+                                         uint64_t *offset_p, int *write_flags_p);
 
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);

@@ -349,3 +349,21 @@ ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t 
     free(buffer);
     return status;
 }
+
+ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr, int *fd_p,
+                                         uint64_t *offset_p, int *write_flags_p)
+{
+    (void)engine;
+    const ferry_reg_entry_t *entry = token;
+    const ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
+    /* DIRECT and SHARED storage keeps the staged path (stage_in,
+     * stage_out): the owner asked for no page cache, which sendfile
+     * cannot avoid, and the staged path is where O_DIRECT belongs. */
+    if (storage == NULL ||
+        (storage->key.options & (FERRY_STORAGE_DIRECT | FERRY_STORAGE_SHARED)))
+        return FERRY_ERR_UNSUPPORTED;
+    *fd_p = storage->fd;
+    *offset_p = storage->key.offset + (addr - storage->key.addr);
+    *write_flags_p = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
+    return FERRY_OK;
+}

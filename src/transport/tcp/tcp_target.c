@@ -70,6 +70,7 @@ static void target_close(ferry_tcp_target_conn_t *conn)
         conn->wnext->wprev = conn->wprev;
     epoll_ctl(worker->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
     close(conn->fd); /* the peer sees EOF now */
+    free(conn->chunk);
     free(conn);
 }
 
@@ -153,10 +154,38 @@ static ferry_status_t flush_sync(ferry_tcp_target_conn_t *conn)
     return status;
 }
 
+/* A storage READ's bytes, from the file to the socket (tcp_storage.c). */
+static step_t sendfile_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
+{
+    ssize_t sent = ferry_tcp_storage_send(conn, FERRY_MAX(*budget_p, (size_t)1));
+    if (sent < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            set_interest(conn, 1);
+            return STEP_WAIT;
+        }
+        if (errno == EINTR)
+            return STEP_AGAIN;
+        ferry_info("tcp: a served %llu-byte storage READ: sendfile: %s; closing",
+                   (unsigned long long)conn->length, strerror(errno));
+        return STEP_CLOSE;
+    }
+    if (sent == 0) {
+        /* Its answer left already: only closing fails the READ at the peer. */
+        ferry_error("tcp: the file ended during a served %llu-byte storage READ; closing",
+                    (unsigned long long)conn->length);
+        return STEP_CLOSE;
+    }
+    conn->progress_ms = ferry_time_ms();
+    *budget_p -= FERRY_MIN(*budget_p, (size_t)sent);
+    return STEP_AGAIN;
+}
+
 static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
     if (conn->tx_msg.msg_iovlen > 0) {
-        ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        /* a storage READ's bytes follow in the same segments */
+        int more = conn->file_left > 0 ? MSG_MORE : 0;
+        ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT | more);
         if (sent < 0) {
             step_t step = io_step(sent);
             if (step == STEP_WAIT)
@@ -169,7 +198,13 @@ static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
         if (conn->tx_msg.msg_iovlen > 0)
             return STEP_AGAIN;
     }
+    if (conn->file_left > 0) {
+        step_t step = sendfile_step(conn, budget_p);
+        if (step != STEP_AGAIN || conn->file_left > 0)
+            return step;
+    }
     conn->out_pos = conn->out_len = 0;
+    conn->file_fd = -1;
     if (conn->token != NULL) { /* a READ's data left */
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
@@ -323,6 +358,25 @@ static step_t read_device(ferry_tcp_target_conn_t *conn)
     return status == FERRY_OK ? STEP_AGAIN : STEP_CLOSE;
 }
 
+/* A READ of storage the kernel sends (tcp_storage.c): a file cut short
+ * since its registration fails the READ before its answer goes. */
+static step_t read_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_check(conn);
+    if (status != FERRY_OK) {
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+        conn->file_fd = -1;
+        conn->file_left = 0;
+        respond(conn, status, 0);
+        return STEP_AGAIN;
+    }
+    /* pending responses and this one in one sendmsg, then the file's bytes */
+    append_response(conn, FERRY_OK);
+    start_send(conn, NULL, 0);
+    return STEP_AGAIN;
+}
+
 /* A whole header is in buf. */
 static step_t serve_start(ferry_tcp_target_conn_t *conn)
 {
@@ -337,6 +391,8 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->addr = addr;
     conn->length = length;
     conn->moved = 0;
+    conn->file_fd = -1;
+    conn->file_left = 0;
     conn->progress_ms = ferry_time_ms();
 
     if (op == FERRY_TCP_OP_WRITE && length > FERRY_TCP_COALESCE_MAX)
@@ -359,6 +415,12 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->token = granted == FERRY_OK ? token : NULL;
 
     int device = granted == FERRY_OK && tcp->svc.access_is_device(tcp->svc.engine, token);
+    if (device && ferry_tcp_storage_open(conn)) {
+        if (op == FERRY_TCP_OP_READ)
+            return read_file(conn);
+        conn->phase = FERRY_TCP_PHASE_PAYLOAD; /* into conn->chunk, then the file */
+        return STEP_AGAIN;
+    }
     if (op == FERRY_TCP_OP_WRITE) {
         if (device)
             return write_device(conn);
@@ -375,21 +437,45 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     return STEP_AGAIN;
 }
 
-/* A WRITE's payload: into memory (granted) or the thread's scratch (refused,
- * so the stream stays in step). */
+/* A storage WRITE's chunk to the file.  A failure ends the access: the
+ * rest of the payload is drained and the initiator hears the error. */
+static void flush_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_flush(conn);
+    if (status == FERRY_OK)
+        return;
+    conn->granted = status;
+    conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+    conn->token = NULL;
+    conn->file_fd = -1;
+    conn->chunk_len = 0;
+    conn->phase = FERRY_TCP_PHASE_DRAIN;
+}
+
+/* A WRITE's payload: into memory (granted), into the chunk that goes to a
+ * storage file, or into the thread's scratch (refused, so the stream stays
+ * in step). */
 static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
-    int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD;
+    int into_file = conn->phase == FERRY_TCP_PHASE_PAYLOAD && conn->file_fd >= 0;
+    int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD && !into_file;
     size_t want = (size_t)(conn->length - conn->moved);
     want = FERRY_MIN(want, FERRY_MAX(*budget_p, (size_t)1));
     void *dst = (char *)(uintptr_t)conn->addr + conn->moved;
-    if (!into_memory) {
+    if (into_file) {
+        want = FERRY_MIN(want, FERRY_TCP_STORAGE_CHUNK - conn->chunk_len);
+        dst = conn->chunk + conn->chunk_len;
+    } else if (!into_memory) {
         want = FERRY_MIN(want, (size_t)FERRY_TCP_SCRATCH);
         dst = conn->worker->scratch;
     }
     ssize_t got = recv(conn->fd, dst, want, MSG_DONTWAIT);
     if (got <= 0) {
         step_t step = io_step(got);
+        /* nothing more for now: the file gets what came while the sender
+         * refills the socket */
+        if (step == STEP_WAIT && into_file && conn->chunk_len > 0)
+            flush_file(conn);
         if (step == STEP_CLOSE)
             ferry_info("tcp: a peer closed its connection during a %llu-byte WRITE",
                        (unsigned long long)conn->length);
@@ -398,8 +484,14 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     conn->moved += (uint64_t)got;
     conn->progress_ms = ferry_time_ms();
     *budget_p -= FERRY_MIN(*budget_p, (size_t)got);
+    if (into_file) {
+        conn->chunk_len += (size_t)got;
+        if (conn->chunk_len == FERRY_TCP_STORAGE_CHUNK || conn->moved == conn->length)
+            flush_file(conn);
+    }
     if (conn->moved < conn->length)
         return STEP_AGAIN;
+    conn->file_fd = -1;
     if (conn->token != NULL) {
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
@@ -629,6 +721,7 @@ static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
     conn->handler.on_event = target_event;
     conn->tcp = tcp;
     conn->fd = fd;
+    conn->file_fd = -1;
     conn->phase = FERRY_TCP_PHASE_HELLO;
     atomic_init(&conn->state, FERRY_TCP_TARGET_HELLO);
     atomic_init(&conn->idle_ms, ferry_time_ms());

@@ -1,0 +1,60 @@
+#!/bin/sh
+# tcp serving a storage buffer against tcp serving memory (issue 21): a
+# ferry_bench target owns a page-cache file on /dev/shm as a storage buffer
+# (or, for the baseline, plain memory), the initiator reads or writes it
+# over tcp, 1 MiB requests, batches of 32.  Each storage case runs twice:
+# the target sending with sendfile and writing in 256 KiB chunks (the
+# default), and the staged path of before (FERRY_TCP_STORAGE_SENDFILE=0:
+# one bounce buffer per request).  Runs are interleaved case by case;
+# prints each run with the load average, then medians and storage/memory.
+# Usage: contrib/bench-tcp-storage.sh [BUILD_DIR]
+#   RUNS (default 5), SECONDS_PER_RUN (3), FILE (/dev/shm/ferry-bench-tcp-storage.dat),
+#   BLOCK (1m), BATCH (32), OPS ("read write").
+set -eu
+. "$(dirname "$0")/bench-lib.sh"
+build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+bench=$build/ferry_bench
+file=${FILE:-/dev/shm/ferry-bench-tcp-storage.dat}
+runs=${RUNS:-5}
+seconds=${SECONDS_PER_RUN:-3}
+block=${BLOCK:-1m}
+batch=${BATCH:-32}
+ops=${OPS:-read write}
+export FERRY_RPC_ADDRESS=127.0.0.1 FERRY_MODULE_DIR=${FERRY_MODULE_DIR:-$build/modules/.libs}
+[ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
+
+tcp_run() { # op remote-memory sendfile(1/0)
+    FERRY_TRANSPORTS=tcp FERRY_TCP_STORAGE_SENDFILE=$3 "$bench" --spawn --transport=tcp \
+        --remote-memory="$2" --buffer-size=64m --operation="$1" --block-size="$block" \
+        --batch-size="$batch" --duration="$seconds" |
+        sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; rm -f "$file"' EXIT
+# label | remote memory | sendfile
+cases="memory|ferry|1
+storage|file:$file|1
+staged|file:$file|0"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $block requests, batch $batch," \
+    "${seconds}s per run, file $file"
+for run in $(seq "$runs"); do
+    for op in $ops; do
+        echo "$cases" | while IFS='|' read -r label memory sendfile; do
+            g=$(tcp_run "$op" "$memory" "$sendfile")
+            echo "$g" >>"$tmp/$op.$label"
+            printf 'run %s %-5s %-8s %8s GB/s   load %s\n' "$run" "$op" "$label" "$g" \
+                "$(cut -d' ' -f1 /proc/loadavg)"
+        done
+    done
+done
+echo "medians of $runs runs (load average after: $(cut -d' ' -f1-3 /proc/loadavg)):"
+for op in $ops; do
+    m=$(median <"$tmp/$op.memory")
+    s=$(median <"$tmp/$op.storage")
+    b=$(median <"$tmp/$op.staged")
+    printf 'tcp %s %s: memory %s, storage %s (sendfile/chunks), staged %s GB/s;' "$block" "$op" \
+        "$m" "$s" "$b"
+    awk -v s="$s" -v b="$b" -v m="$m" \
+        'BEGIN {printf " storage/memory %.2f, staged/memory %.2f\n", s / m, b / m}'
+done
