@@ -12,7 +12,7 @@
  * bounded by TIMEOUT, so other sockets of that thread wait at most that
  * long (device memory over tcp is a fallback, not a fast path).  A storage
  * buffer in the page cache is not: its READs go by sendfile and its WRITEs
- * by pwrite of received chunks, in steps on the non-blocking socket like
+ * by splice through a pipe, in steps on the non-blocking socket like
  * memory (tcp_storage.c); DIRECT or SHARED storage is staged like device
  * memory.
  *
@@ -97,8 +97,8 @@ enum {
  * here, then leave in one send.  A request above COALESCE_MAX flushes first. */
 #define FERRY_TCP_COALESCE_COUNT 64
 #define FERRY_TCP_COALESCE_MAX (256u << 10)
-/* Target: a WRITE into storage collects this much payload, then pwrites it
- * (small enough to stay in the cache between the recv and the pwrite). */
+/* Target: a WRITE into storage collects this much payload in a pipe (or a
+ * buffer), then writes it to the file. */
 #define FERRY_TCP_STORAGE_CHUNK (256u << 10)
 
 typedef struct ferry_tcp_settings {
@@ -306,8 +306,13 @@ struct ferry_tcp_target_conn {
     uint64_t file_offset;
     uint64_t file_left; /* a READ: bytes still to sendfile */
     int file_write_flags;
-    unsigned char *chunk; /* FERRY_TCP_STORAGE_CHUNK bytes, on the first storage WRITE */
-    size_t chunk_len;
+    /* A WRITE's payload waits in a pipe (splice, not durable) or in chunk
+     * (pwritev2), each made on the first storage WRITE that needs it. */
+    int pipe_fds[2];      /* -1 until made */
+    unsigned char *chunk; /* FERRY_TCP_STORAGE_CHUNK bytes */
+    size_t pending;       /* received, not yet written */
+    size_t pending_max;   /* what the pipe or chunk holds */
+    int into_pipe;
     /* responses not yet sent, out[out_pos, out_len) */
     size_t out_pos, out_len;
     unsigned char out[FERRY_TCP_COALESCE_COUNT * FERRY_TCP_RESPONSE_SIZE];
@@ -381,8 +386,13 @@ int ferry_tcp_storage_open(ferry_tcp_target_conn_t *conn);
 ferry_status_t ferry_tcp_storage_check(const ferry_tcp_target_conn_t *conn);
 /* A READ: sendfile of up to max bytes of what is left; sendfile's result. */
 ssize_t ferry_tcp_storage_send(ferry_tcp_target_conn_t *conn, size_t max);
-/* A WRITE: the chunk's bytes pwritten at file_offset, which moves past them. */
+/* A WRITE: up to want bytes of payload from the socket into the pipe or
+ * chunk (no more than pending_max - pending); recv's result. */
+ssize_t ferry_tcp_storage_recv(ferry_tcp_target_conn_t *conn, size_t want);
+/* A WRITE: what is pending written at file_offset, which moves past it. */
 ferry_status_t ferry_tcp_storage_flush(ferry_tcp_target_conn_t *conn);
+/* The connection's pipe and chunk freed (it closes). */
+void ferry_tcp_storage_free(ferry_tcp_target_conn_t *conn);
 
 /* ---- tcp_wire.c: what a target reads, parsed (logs each violation once) ---- */
 typedef struct ferry_tcp_hello {

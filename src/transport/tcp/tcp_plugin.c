@@ -44,8 +44,8 @@ static const ferry_setting_t tcp_settings[] = {
      "new one evicts that address's connection idle longest",
      offsetof(ferry_tcp_settings_t, max_conns_per_source), FERRY_SETTING_UINT},
     {"STORAGE_SENDFILE", "1", "the target serves a page-cache storage buffer's reads with "
-     "sendfile and its writes by pwrite of 256k chunks (0: one bounce buffer per request, "
-     "read or written whole, then sent or received)",
+     "sendfile and its writes by splice through a 256k pipe (durable: pwrite of 256k chunks); "
+     "0: one bounce buffer per request, read or received whole, then sent or written",
      offsetof(ferry_tcp_settings_t, storage_sendfile), FERRY_SETTING_BOOL},
 };
 

@@ -70,7 +70,7 @@ static void target_close(ferry_tcp_target_conn_t *conn)
         conn->wnext->wprev = conn->wprev;
     epoll_ctl(worker->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
     close(conn->fd); /* the peer sees EOF now */
-    free(conn->chunk);
+    ferry_tcp_storage_free(conn);
     free(conn);
 }
 
@@ -418,7 +418,7 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     if (device && ferry_tcp_storage_open(conn)) {
         if (op == FERRY_TCP_OP_READ)
             return read_file(conn);
-        conn->phase = FERRY_TCP_PHASE_PAYLOAD; /* into conn->chunk, then the file */
+        conn->phase = FERRY_TCP_PHASE_PAYLOAD; /* into a pipe or chunk, then the file */
         return STEP_AGAIN;
     }
     if (op == FERRY_TCP_OP_WRITE) {
@@ -437,8 +437,9 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     return STEP_AGAIN;
 }
 
-/* A storage WRITE's chunk to the file.  A failure ends the access: the
- * rest of the payload is drained and the initiator hears the error. */
+/* A storage WRITE's pending bytes to the file.  A failure ends the
+ * access: the rest of the payload is drained and the initiator hears the
+ * error. */
 static void flush_file(ferry_tcp_target_conn_t *conn)
 {
     ferry_status_t status = ferry_tcp_storage_flush(conn);
@@ -448,13 +449,12 @@ static void flush_file(ferry_tcp_target_conn_t *conn)
     conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
     conn->token = NULL;
     conn->file_fd = -1;
-    conn->chunk_len = 0;
     conn->phase = FERRY_TCP_PHASE_DRAIN;
 }
 
-/* A WRITE's payload: into memory (granted), into the chunk that goes to a
- * storage file, or into the thread's scratch (refused, so the stream stays
- * in step). */
+/* A WRITE's payload: into memory (granted), through a pipe or chunk into
+ * a storage file (tcp_storage.c), or into the thread's scratch (refused,
+ * so the stream stays in step). */
 static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
     int into_file = conn->phase == FERRY_TCP_PHASE_PAYLOAD && conn->file_fd >= 0;
@@ -462,20 +462,20 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     size_t want = (size_t)(conn->length - conn->moved);
     want = FERRY_MIN(want, FERRY_MAX(*budget_p, (size_t)1));
     void *dst = (char *)(uintptr_t)conn->addr + conn->moved;
-    if (into_file) {
-        want = FERRY_MIN(want, FERRY_TCP_STORAGE_CHUNK - conn->chunk_len);
-        dst = conn->chunk + conn->chunk_len;
-    } else if (!into_memory) {
+    if (!into_memory && !into_file) {
         want = FERRY_MIN(want, (size_t)FERRY_TCP_SCRATCH);
         dst = conn->worker->scratch;
     }
-    ssize_t got = recv(conn->fd, dst, want, MSG_DONTWAIT);
+    ssize_t got = into_file ? ferry_tcp_storage_recv(conn, want)
+                            : recv(conn->fd, dst, want, MSG_DONTWAIT);
     if (got <= 0) {
         step_t step = io_step(got);
         /* nothing more for now: the file gets what came while the sender
-         * refills the socket */
-        if (step == STEP_WAIT && into_file && conn->chunk_len > 0)
+         * refills the socket (a full pipe says EAGAIN too: emptied here) */
+        if (step == STEP_WAIT && into_file && conn->pending > 0) {
             flush_file(conn);
+            step = STEP_AGAIN;
+        }
         if (step == STEP_CLOSE)
             ferry_info("tcp: a peer closed its connection during a %llu-byte WRITE",
                        (unsigned long long)conn->length);
@@ -484,11 +484,8 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     conn->moved += (uint64_t)got;
     conn->progress_ms = ferry_time_ms();
     *budget_p -= FERRY_MIN(*budget_p, (size_t)got);
-    if (into_file) {
-        conn->chunk_len += (size_t)got;
-        if (conn->chunk_len == FERRY_TCP_STORAGE_CHUNK || conn->moved == conn->length)
-            flush_file(conn);
-    }
+    if (into_file && (conn->pending == conn->pending_max || conn->moved == conn->length))
+        flush_file(conn);
     if (conn->moved < conn->length)
         return STEP_AGAIN;
     conn->file_fd = -1;
@@ -722,6 +719,7 @@ static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
     conn->tcp = tcp;
     conn->fd = fd;
     conn->file_fd = -1;
+    conn->pipe_fds[0] = conn->pipe_fds[1] = -1;
     conn->phase = FERRY_TCP_PHASE_HELLO;
     atomic_init(&conn->state, FERRY_TCP_TARGET_HELLO);
     atomic_init(&conn->idle_ms, ferry_time_ms());
