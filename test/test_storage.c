@@ -323,6 +323,13 @@ Test(storage, other_host_served_by_tcp_durable)
     served_checked(NULL, FERRY_STORAGE_DURABLE);
 }
 
+/* DIRECT storage: the owner asked for no page cache, the staged path
+ * serves it (storage_file refuses it). */
+Test(storage, other_host_served_by_tcp_direct_storage)
+{
+    served_checked(NULL, FERRY_STORAGE_DIRECT);
+}
+
 /* A file cut short after its registration: a served read past its new end
  * FAILs whole (never a short success), what is left still reads. */
 Test(storage, served_read_of_truncated_file_fails)
