@@ -3,9 +3,9 @@
 # ferry_bench target owns a page-cache file on /dev/shm as a storage buffer
 # (or, for the baseline, plain memory), the initiator reads or writes it
 # over tcp, 1 MiB requests, batches of 32.  Each storage case runs twice:
-# the target sending with sendfile and writing in 256 KiB chunks (the
-# default), and the staged path of before (FERRY_TCP_STORAGE_SENDFILE=0:
-# one bounce buffer per request).  Runs are interleaved case by case;
+# the target sending from its read-only mapping of the file and splicing
+# writes into it through a pipe (the default), and the staged path of
+# before (FERRY_TCP_STORAGE_STAGED=yes: one bounce buffer per request).  Runs are interleaved case by case;
 # prints each run with the load average, then medians and storage/memory.
 # Next to each throughput: the target process's CPU time (user + system)
 # per GB moved, from the first request to the result (/proc/PID/stat),
@@ -36,9 +36,9 @@ sample_cpu() { # pid file
 }
 
 # prints "GB/s target-CPU-ms-per-GB"
-tcp_run() { # op remote-memory sendfile(1/0)
+tcp_run() { # op remote-memory staged(yes/no)
     local line target=0 c0=0 c1= result=
-    coproc BENCH { FERRY_TRANSPORTS=tcp FERRY_TCP_STORAGE_SENDFILE=$3 exec "$bench" --spawn \
+    coproc BENCH { FERRY_TRANSPORTS=tcp FERRY_TCP_STORAGE_STAGED=$3 exec "$bench" --spawn \
         --transport=tcp --remote-memory="$2" --buffer-size=64m --operation="$1" \
         --block-size="$block" --batch-size="$batch" --duration="$seconds" 2>&1; }
     local pid=$BENCH_PID
@@ -62,16 +62,16 @@ tcp_run() { # op remote-memory sendfile(1/0)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; rm -f "$file"' EXIT
-# label | remote memory | sendfile
-cases="memory|ferry|1
-storage|file:$file|1
-staged|file:$file|0"
+# label | remote memory | staged
+cases="memory|ferry|no
+storage|file:$file|no
+staged|file:$file|yes"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $block requests, batch $batch," \
     "${seconds}s per run, file $file"
 for run in $(seq "$runs"); do
     for op in $ops; do
-        echo "$cases" | while IFS='|' read -r label memory sendfile; do
-            read -r g c <<<"$(tcp_run "$op" "$memory" "$sendfile")"
+        echo "$cases" | while IFS='|' read -r label memory staged; do
+            read -r g c <<<"$(tcp_run "$op" "$memory" "$staged")"
             echo "$g" >>"$tmp/$op.$label"
             echo "$c" >>"$tmp/$op.$label.cpu"
             printf 'run %s %-5s %-8s %8s GB/s %6s target-CPU-ms/GB   load %s\n' "$run" "$op" \
@@ -84,7 +84,7 @@ for op in $ops; do
     m=$(median <"$tmp/$op.memory")
     s=$(median <"$tmp/$op.storage")
     b=$(median <"$tmp/$op.staged")
-    printf 'tcp %s %s: memory %s, storage %s (sendfile/splice), staged %s GB/s;' "$block" "$op" \
+    printf 'tcp %s %s: memory %s, storage %s (mapped/splice), staged %s GB/s;' "$block" "$op" \
         "$m" "$s" "$b"
     awk -v s="$s" -v b="$b" -v m="$m" \
         'BEGIN {printf " storage/memory %.2f, staged/memory %.2f\n", s / m, b / m}'

@@ -303,8 +303,8 @@ Test(storage, other_host_served_by_tcp)
     served_checked(NULL, 0);
 }
 
-/* Small socket buffers: sendfile and the chunked writes stop and resume
- * many times within a request. */
+/* Small socket buffers: the mapped sends and the spliced writes stop and
+ * resume many times within a request. */
 Test(storage, other_host_served_by_tcp_small_socket_buffers)
 {
     static const char *const env[] = {"FERRY_TCP_SOCKBUF=16k", NULL};
@@ -314,7 +314,7 @@ Test(storage, other_host_served_by_tcp_small_socket_buffers)
 /* The bounce-buffer path of before, still taken for DIRECT storage. */
 Test(storage, other_host_served_by_tcp_staged)
 {
-    static const char *const env[] = {"FERRY_TCP_STORAGE_SENDFILE=0", NULL};
+    static const char *const env[] = {"FERRY_TCP_STORAGE_STAGED=yes", NULL};
     served_checked(env, 0);
 }
 
@@ -328,6 +328,37 @@ Test(storage, other_host_served_by_tcp_durable)
 Test(storage, other_host_served_by_tcp_direct_storage)
 {
     served_checked(NULL, FERRY_STORAGE_DIRECT);
+}
+
+/* Storage above the 64 GiB the owner maps: its served reads go by
+ * sendfile.  A sparse file; bytes checked at both ends of the range. */
+Test(storage, served_by_tcp_unmapped_large_storage)
+{
+    start("uring");
+    make_file("/tmp");
+    const uint64_t large = (uint64_t)65 << 30;
+    cr_assert_eq(truncate(path, (off_t)large), 0);
+    static const char *const env[] = {"FERRY_HOST_ID=storage-owner-host", NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+    peer_running = 1;
+    uintptr_t addr = 0;
+    const char *reply = peer_cmd(&peer, "sreg 0 %" PRIu64 " 0 %s rw", large, path);
+    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    static const uint64_t at[] = {5, ((uint64_t)65 << 30) - 3 * MIB - 7};
+    for (unsigned i = 0; i < 2; i++) {
+        test_pattern_fill(local, 3 * MIB, 60 + i);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, addr + at[i],
+                                           3 * MIB, "tcp"), FERRY_OK);
+        file_read(path, at[i], local + RANGE, 3 * MIB);
+        cr_assert_eq(test_pattern_check(local + RANGE, 3 * MIB, 60 + i), SIZE_MAX);
+        memset(local + RANGE, 0, 3 * MIB);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + RANGE, segment,
+                                           addr + at[i], 3 * MIB, "tcp"), FERRY_OK);
+        cr_assert_eq(test_pattern_check(local + RANGE, 3 * MIB, 60 + i), SIZE_MAX);
+    }
+    ferry_segment_close(engine, segment);
 }
 
 /* A file cut short after its registration: a served read past its new end

@@ -25,6 +25,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+static size_t map_skip(const ferry_storage_t *storage);
+
 /* Direct-I/O alignment where the kernel does not say (no STATX_DIOALIGN):
  * a page satisfies every device and file system. */
 #define DEFAULT_ALIGN 4096u
@@ -213,6 +215,9 @@ void ferry_storage_close(ferry_storage_t *storage)
         return;
     if (storage->reserved != NULL)
         munmap(storage->reserved, storage->reserved_length);
+    void *mapped = atomic_load(&storage->mapped);
+    if (mapped != NULL && mapped != MAP_FAILED)
+        munmap(mapped, storage->reserved_length + map_skip(storage));
     if (storage->fd >= 0)
         close(storage->fd);
     free(storage->key_text);
@@ -350,20 +355,58 @@ ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t 
     return status;
 }
 
-ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr, int *fd_p,
-                                         uint64_t *offset_p, int *write_flags_p)
+/* Larger ranges are not mapped: the page tables of what peers read would
+ * stay until unregister (2 MiB per GiB); sendfile serves them. */
+#define MAP_MAX ((uint64_t)64 << 30)
+
+static size_t map_skip(const ferry_storage_t *storage)
+{
+    return (size_t)(storage->key.offset % (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
+/* The range's read-only mapping, made by the first caller (concurrent
+ * first callers: one mapping wins, the others are unmapped); NULL: none. */
+static const char *storage_mapped(ferry_storage_t *storage)
+{
+    void *mapped = atomic_load_explicit(&storage->mapped, memory_order_acquire);
+    if (mapped == NULL) {
+        size_t skip = map_skip(storage);
+        void *made = MAP_FAILED;
+        if (storage->key.length <= MAP_MAX)
+            made = mmap(NULL, storage->reserved_length + skip, PROT_READ, MAP_SHARED,
+                        storage->fd, (off_t)(storage->key.offset - skip));
+        if (made == MAP_FAILED)
+            ferry_debug("storage %s: not mapped (%s): served reads go by sendfile",
+                        storage->key.path, storage->key.length > MAP_MAX ? "too large"
+                                                                         : strerror(errno));
+        if (atomic_compare_exchange_strong_explicit(&storage->mapped, &mapped, made,
+                                                    memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            mapped = made;
+        } else if (made != MAP_FAILED) {
+            munmap(made, storage->reserved_length + skip);
+        }
+    }
+    return mapped == MAP_FAILED ? NULL : (const char *)mapped + map_skip(storage);
+}
+
+ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr,
+                                         ferry_storage_file_t *file)
 {
     (void)engine;
-    const ferry_reg_entry_t *entry = token;
-    const ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
+    ferry_reg_entry_t *entry = token;
+    ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
     /* DIRECT and SHARED storage keeps the staged path (stage_in,
-     * stage_out): the owner asked for no page cache, which sendfile
-     * cannot avoid, and the staged path is where O_DIRECT belongs. */
+     * stage_out): the owner asked for no page cache, which sendfile and
+     * the mapping cannot avoid, and the staged path is where O_DIRECT
+     * belongs. */
     if (storage == NULL ||
         (storage->key.options & (FERRY_STORAGE_DIRECT | FERRY_STORAGE_SHARED)))
         return FERRY_ERR_UNSUPPORTED;
-    *fd_p = storage->fd;
-    *offset_p = storage->key.offset + (addr - storage->key.addr);
-    *write_flags_p = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
+    file->fd = storage->fd;
+    file->offset = storage->key.offset + (addr - storage->key.addr);
+    file->write_flags = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
+    const char *mapped = storage_mapped(storage);
+    file->mapped = mapped != NULL ? mapped + (addr - storage->key.addr) : NULL;
     return FERRY_OK;
 }

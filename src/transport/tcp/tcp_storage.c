@@ -3,13 +3,18 @@
  * bytes moved by the kernel instead of a bounce buffer per request.
  *
  * The staged path (the services' stage_in and stage_out, kept for storage
- * registered DIRECT or SHARED and for FERRY_TCP_STORAGE_SENDFILE=0) reads
+ * registered DIRECT or SHARED and for FERRY_TCP_STORAGE_STAGED=yes) reads
  * a whole request into one buffer and only then sends it, or receives it
  * whole and only then writes it: two copies on the target's thread, one
  * after the other, and the I/O thread blocked meanwhile.  Here:
- *  - a READ goes from the file to the socket with sendfile: the page
- *    cache's pages go to the socket without a copy through user space, in
- *    steps on the non-blocking socket like a memory READ's sendmsg;
+ *  - a READ is sent from the engine's read-only MAP_SHARED mapping of the
+ *    storage (storage_file's `mapped`, made once, kept until unregister)
+ *    exactly as a memory READ: one copy, from the page cache into the
+ *    socket, done before the access is released;
+ *  - a READ of storage the engine does not map (above 64 GiB, or mmap
+ *    refused) goes from the file to the socket with sendfile: the page
+ *    cache's pages go to the socket without a copy, in steps on the
+ *    non-blocking socket;
  *  - a WRITE's payload is spliced from the socket into a pipe of
  *    FERRY_TCP_STORAGE_CHUNK bytes (the socket's pages move, no copy) and
  *    from there into the file (the one copy, into the page cache), or, for
@@ -17,20 +22,23 @@
  *    that size and written with pwritev2.  Either is written when full,
  *    when the payload ends, or when the socket has nothing more for now
  *    (the write then overlaps the sender refilling the socket).
- * Why these two (doc/performance.md, "tcp serving storage, second round",
- * the target's CPU time per GB): sendfile costs about what a memory READ
- * does and half the staged path; splice saves about a fifth of the staged
- * path on WRITEs, where received 256 KiB chunks and pwrite saved nothing.
+ * Why these (doc/performance.md, "tcp serving storage, second round"):
+ * sent from the mapping a READ runs at a memory READ's speed; sendfile
+ * reached 0.7-0.8x of it (a page-cache lookup and a page reference per
+ * 4 KiB, on both sides of the loopback), a pread into a 256 KiB chunk then
+ * a send 0.6x, as the staged path, and a mapping made per request 0.5x.
+ * splice saves about a fifth of the staged path's CPU on WRITEs, where
+ * received 256 KiB chunks and pwrite saved nothing.
  *
  * The descriptor is the owner's (storage_file), borrowed while the
  * connection holds the access token: unregister waits for that token, so
- * no served byte is written to the file after ferry_unregister returns.
- * A READ is different in one way: sendfile hands the page cache's pages to
- * the socket, so its bytes are fixed when the peer receives them, not when
- * the token is released; a READ in flight across the owner's unregister
- * may return bytes written to the range after unregister returned (README
- * of the file transport, "Limits").  FERRY_TCP_STORAGE_SENDFILE=0 copies
- * them before the release, as for memory.
+ * no served byte is written to the file after ferry_unregister returns,
+ * and a mapped READ's bytes are copied before.  A sendfile READ differs
+ * in one way: the socket holds the page cache's pages, so its bytes are
+ * fixed when the peer receives them, not when the token is released; a
+ * READ in flight across the owner's unregister may return bytes written
+ * to the range after unregister returned (README of the file transport,
+ * "Limits").
  */
 #include "tcp.h"
 
@@ -74,19 +82,20 @@ int ferry_tcp_storage_open(ferry_tcp_target_conn_t *conn)
 {
     ferry_tcp_t *tcp = conn->tcp;
     conn->file_fd = -1;
-    if (!tcp->settings.storage_sendfile || !FERRY_TRANSPORT_SERVICES_HAS(&tcp->svc, storage_file))
+    conn->file_mapped = NULL;
+    if (tcp->settings.storage_staged || !FERRY_TRANSPORT_SERVICES_HAS(&tcp->svc, storage_file))
         return 0;
-    int fd = -1, write_flags = 0;
-    uint64_t offset = 0;
-    if (tcp->svc.storage_file(tcp->svc.engine, conn->token, conn->addr, &fd, &offset,
-                              &write_flags) != FERRY_OK)
+    ferry_storage_file_t file = {.fd = -1};
+    if (tcp->svc.storage_file(tcp->svc.engine, conn->token, conn->addr, &file) != FERRY_OK)
         return 0;
-    if (conn->op == FERRY_TCP_OP_WRITE && !payload_buffer(conn, write_flags))
+    if (conn->op == FERRY_TCP_OP_WRITE && !payload_buffer(conn, file.write_flags))
         return 0;
-    conn->file_fd = fd;
-    conn->file_offset = offset;
-    conn->file_write_flags = write_flags;
-    conn->file_left = conn->op == FERRY_TCP_OP_READ ? conn->length : 0;
+    conn->file_fd = file.fd;
+    conn->file_offset = file.offset;
+    conn->file_write_flags = file.write_flags;
+    conn->file_mapped = conn->op == FERRY_TCP_OP_READ ? file.mapped : NULL;
+    /* a mapped READ is sent like memory; sendfile moves the others */
+    conn->file_left = conn->op == FERRY_TCP_OP_READ && file.mapped == NULL ? conn->length : 0;
     conn->pending = 0;
     return 1;
 }

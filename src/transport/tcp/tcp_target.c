@@ -187,6 +187,9 @@ static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
         int more = conn->file_left > 0 ? MSG_MORE : 0;
         ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT | more);
         if (sent < 0) {
+            if (errno == EFAULT && conn->file_mapped != NULL) /* its answer left already */
+                ferry_error("tcp: the file ended during a served %llu-byte storage READ; "
+                            "closing", (unsigned long long)conn->length);
             step_t step = io_step(sent);
             if (step == STEP_WAIT)
                 set_interest(conn, 1);
@@ -205,6 +208,7 @@ static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     }
     conn->out_pos = conn->out_len = 0;
     conn->file_fd = -1;
+    conn->file_mapped = NULL;
     if (conn->token != NULL) { /* a READ's data left */
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
@@ -371,9 +375,10 @@ static step_t read_file(ferry_tcp_target_conn_t *conn)
         respond(conn, status, 0);
         return STEP_AGAIN;
     }
-    /* pending responses and this one in one sendmsg, then the file's bytes */
+    /* pending responses, this one and, when mapped, the bytes in one
+     * sendmsg; else sendfile after it */
     append_response(conn, FERRY_OK);
-    start_send(conn, NULL, 0);
+    start_send(conn, conn->file_mapped, conn->file_mapped != NULL ? (size_t)conn->length : 0);
     return STEP_AGAIN;
 }
 
@@ -393,6 +398,7 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->moved = 0;
     conn->file_fd = -1;
     conn->file_left = 0;
+    conn->file_mapped = NULL;
     conn->progress_ms = ferry_time_ms();
 
     if (op == FERRY_TCP_OP_WRITE && length > FERRY_TCP_COALESCE_MAX)
