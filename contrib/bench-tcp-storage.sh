@@ -3,9 +3,9 @@
 # ferry_bench target owns a page-cache file on /dev/shm as a storage buffer
 # (or, for the baseline, plain memory), the initiator reads or writes it
 # over tcp, 1 MiB requests, batches of 32.  Each storage case runs twice:
-# the target sending from its read-only mapping of the file and splicing
-# writes into it through a pipe (the default), and the staged path of
-# before (FERRY_TCP_STORAGE_STAGED=yes: one bounce buffer per request).  Runs are interleaved case by case;
+# the target sending from and receiving into its shared mapping of the
+# file (the default), and the staged path of before
+# (FERRY_TCP_STORAGE_STAGED=yes: one bounce buffer per request).  Runs are interleaved case by case;
 # prints each run with the load average, then medians and storage/memory.
 # Next to each throughput: the target process's CPU time (user + system)
 # per GB moved, from the first request to the result (/proc/PID/stat),
@@ -84,7 +84,7 @@ for op in $ops; do
     m=$(median <"$tmp/$op.memory")
     s=$(median <"$tmp/$op.storage")
     b=$(median <"$tmp/$op.staged")
-    printf 'tcp %s %s: memory %s, storage %s (mapped/splice), staged %s GB/s;' "$block" "$op" \
+    printf 'tcp %s %s: memory %s, storage %s (mapped), staged %s GB/s;' "$block" "$op" \
         "$m" "$s" "$b"
     awk -v s="$s" -v b="$b" -v m="$m" \
         'BEGIN {printf " storage/memory %.2f, staged/memory %.2f\n", s / m, b / m}'

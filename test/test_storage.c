@@ -361,9 +361,10 @@ Test(storage, served_by_tcp_unmapped_large_storage)
     ferry_segment_close(engine, segment);
 }
 
-/* A file cut short after its registration: a served read past its new end
- * FAILs whole (never a short success), what is left still reads. */
-Test(storage, served_read_of_truncated_file_fails)
+/* A file cut short after its registration: a served read or write past
+ * its new end FAILs whole (never a short success, no byte written), what
+ * is left still reads. */
+Test(storage, served_io_of_truncated_file_fails)
 {
     start("uring");
     make_file("/tmp");
@@ -381,6 +382,15 @@ Test(storage, served_read_of_truncated_file_fails)
     cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + RANGE, segment, addr,
                                        MIB / 2, "tcp"), FERRY_OK);
     cr_assert_eq(test_pattern_check(local + RANGE, MIB / 2, 41), SIZE_MAX);
+    memset(local, 0x77, MIB);
+    cr_assert_neq(one_request(engine, FERRY_OP_WRITE, local, segment, addr, MIB, &xs), FERRY_OK);
+    cr_assert_eq(xs.state, FERRY_XFER_FAILED);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq((uint64_t)st.st_size, OFFSET + MIB / 2, "the failed write changed the size");
+    file_read(path, OFFSET, local + RANGE, MIB / 2);
+    cr_assert_eq(test_pattern_check(local + RANGE, MIB / 2, 41), SIZE_MAX,
+                 "the failed write landed");
     ferry_segment_close(engine, segment);
 }
 

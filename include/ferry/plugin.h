@@ -192,13 +192,17 @@ typedef struct ferry_storage_file {
     int fd;
     uint64_t offset; /* the file offset of addr */
     int write_flags;
-    /* addr's bytes in a read-only MAP_SHARED mapping of the storage (the
-     * page cache itself: a copy from it is a read), made on first use and
-     * unmapped with the storage; NULL where it is not mapped.  Only the
+    /* addr's bytes in a MAP_SHARED mapping of the storage (the page cache
+     * itself: a copy from it is a read), made on first use and unmapped
+     * with the storage; NULL where it is not mapped.  Only the
      * kernel may touch it (send from it): a file cut short makes its end
      * fault, which a system call answers with EFAULT and a CPU load with
      * SIGBUS. */
     const void *mapped;
+    /* The same mapping where writes may go there: storage peers may
+     * write, not durable (a store to the page cache is no RWF_DSYNC);
+     * else NULL.  A write past the file's end faults: check its size. */
+    void *mapped_writable;
 } ferry_storage_file_t;
 
 typedef struct ferry_transport_services {

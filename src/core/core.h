@@ -879,6 +879,7 @@ typedef struct ferry_storage {
      * key.offset rounded down to a page: NULL until first asked for,
      * MAP_FAILED when it cannot be; unmapped by ferry_storage_close. */
     _Atomic(void *) mapped;
+    int writable; /* fd is O_RDWR: peers may write (mapped writable too) */
 } ferry_storage_t;
 
 /* Open and check the region, reserve its addresses, make its key (host:

@@ -175,6 +175,7 @@ ferry_status_t ferry_storage_open(const ferry_storage_region_t *region, unsigned
     if (storage == NULL)
         return FERRY_ERR_NO_MEMORY;
     storage->fd = -1;
+    storage->writable = (flags & FERRY_REG_REMOTE_WRITE) != 0;
     snprintf(storage->key.host, sizeof(storage->key.host), "%s", host);
     status = open_region(region, flags, sysfs_root, &storage->key, &storage->fd);
     if (status != FERRY_OK)
@@ -366,15 +367,17 @@ static size_t map_skip(const ferry_storage_t *storage)
 
 /* The range's read-only mapping, made by the first caller (concurrent
  * first callers: one mapping wins, the others are unmapped); NULL: none. */
-static const char *storage_mapped(ferry_storage_t *storage)
+static char *storage_mapped(ferry_storage_t *storage)
 {
     void *mapped = atomic_load_explicit(&storage->mapped, memory_order_acquire);
     if (mapped == NULL) {
         size_t skip = map_skip(storage);
         void *made = MAP_FAILED;
+        /* writable where peers may write (the descriptor is O_RDWR then) */
+        int prot = PROT_READ | (storage->writable ? PROT_WRITE : 0);
         if (storage->key.length <= MAP_MAX)
-            made = mmap(NULL, storage->reserved_length + skip, PROT_READ, MAP_SHARED,
-                        storage->fd, (off_t)(storage->key.offset - skip));
+            made = mmap(NULL, storage->reserved_length + skip, prot, MAP_SHARED, storage->fd,
+                        (off_t)(storage->key.offset - skip));
         if (made == MAP_FAILED)
             ferry_debug("storage %s: not mapped (%s): served reads go by sendfile",
                         storage->key.path, storage->key.length > MAP_MAX ? "too large"
@@ -387,12 +390,13 @@ static const char *storage_mapped(ferry_storage_t *storage)
             munmap(made, storage->reserved_length + skip);
         }
     }
-    return mapped == MAP_FAILED ? NULL : (const char *)mapped + map_skip(storage);
+    return mapped == MAP_FAILED ? NULL : (char *)mapped + map_skip(storage);
 }
 
 ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr,
                                          ferry_storage_file_t *file)
 {
+    memset(file, 0, sizeof(*file));
     (void)engine;
     ferry_reg_entry_t *entry = token;
     ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
@@ -406,7 +410,10 @@ ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t add
     file->fd = storage->fd;
     file->offset = storage->key.offset + (addr - storage->key.addr);
     file->write_flags = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
-    const char *mapped = storage_mapped(storage);
+    char *mapped = storage_mapped(storage);
     file->mapped = mapped != NULL ? mapped + (addr - storage->key.addr) : NULL;
+    /* a durable write is pwritev2's (RWF_DSYNC), not a store to the page cache */
+    if (storage->writable && !(storage->key.options & FERRY_STORAGE_DURABLE))
+        file->mapped_writable = (char *)file->mapped;
     return FERRY_OK;
 }

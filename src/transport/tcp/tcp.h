@@ -11,10 +11,10 @@
  * on the I/O thread through the engine's staging buffers, each socket wait
  * bounded by TIMEOUT, so other sockets of that thread wait at most that
  * long (device memory over tcp is a fallback, not a fast path).  A storage
- * buffer in the page cache is not: its READs are sent from the engine's
- * read-only mapping of it (or by sendfile) and its WRITEs spliced through
- * a pipe, in steps on the non-blocking socket like memory (tcp_storage.c);
- * DIRECT or SHARED storage is staged like device memory.
+ * buffer in the page cache is not: its bytes are sent from and received
+ * into the engine's shared mapping of it (or moved by sendfile and
+ * splice), in steps on the non-blocking socket like memory
+ * (tcp_storage.c); DIRECT or SHARED storage is staged like device memory.
  *
  * Target side (tcp_target.c): requests on a connection are served in
  * order, straight between the socket and registered memory.  At most
@@ -306,7 +306,8 @@ struct ferry_tcp_target_conn {
     uint64_t file_offset;
     uint64_t file_left; /* a READ: bytes still to sendfile */
     int file_write_flags;
-    const void *file_mapped; /* a READ: the range mapped (services' storage_file) or NULL */
+    const void *file_mapped;    /* a READ: the range mapped (storage_file) or NULL */
+    void *file_mapped_writable; /* a WRITE: the same, where it may be written */
     /* A WRITE's payload waits in a pipe (splice, not durable) or in chunk
      * (pwritev2), each made on the first storage WRITE that needs it. */
     int pipe_fds[2];      /* -1 until made */
@@ -384,7 +385,7 @@ void ferry_tcp_target_tick(ferry_tcp_worker_t *worker, uint64_t now);
  * by the mapping, sendfile, splice or chunked pwrite; sets conn->file_*.
  * 0: the staged path. */
 int ferry_tcp_storage_open(ferry_tcp_target_conn_t *conn);
-/* A READ: whether the file still holds the whole range (logged if not). */
+/* Whether the file still holds the whole range (logged if not). */
 ferry_status_t ferry_tcp_storage_check(const ferry_tcp_target_conn_t *conn);
 /* A READ that is not mapped: sendfile of up to max bytes of what is left;
  * sendfile's result. */

@@ -44,9 +44,9 @@ static const ferry_setting_t tcp_settings[] = {
      "new one evicts that address's connection idle longest",
      offsetof(ferry_tcp_settings_t, max_conns_per_source), FERRY_SETTING_UINT},
     {"STORAGE_STAGED", "no", "yes: the target serves storage buffers through one bounce "
-     "buffer per request, read or received whole, then sent or written (no: reads are sent "
-     "from a read-only mapping of the page cache, or by sendfile above 64g, writes spliced "
-     "through a 256k pipe; DIRECT and SHARED storage is always staged)",
+     "buffer per request, read or received whole, then sent or written (no: sent from and "
+     "received into a shared mapping of the file, above 64g by sendfile and splice; DIRECT "
+     "and SHARED storage is always staged)",
      offsetof(ferry_tcp_settings_t, storage_staged), FERRY_SETTING_BOOL},
 };
 

@@ -6,34 +6,39 @@
  * registered DIRECT or SHARED and for FERRY_TCP_STORAGE_STAGED=yes) reads
  * a whole request into one buffer and only then sends it, or receives it
  * whole and only then writes it: two copies on the target's thread, one
- * after the other, and the I/O thread blocked meanwhile.  Here:
- *  - a READ is sent from the engine's read-only MAP_SHARED mapping of the
- *    storage (storage_file's `mapped`, made once, kept until unregister)
- *    exactly as a memory READ: one copy, from the page cache into the
- *    socket, done before the access is released;
- *  - a READ of storage the engine does not map (above 64 GiB, or mmap
- *    refused) goes from the file to the socket with sendfile: the page
- *    cache's pages go to the socket without a copy, in steps on the
- *    non-blocking socket;
- *  - a WRITE's payload is spliced from the socket into a pipe of
- *    FERRY_TCP_STORAGE_CHUNK bytes (the socket's pages move, no copy) and
- *    from there into the file (the one copy, into the page cache), or, for
- *    durable storage (RWF_DSYNC is pwritev2's), received into a chunk of
- *    that size and written with pwritev2.  Either is written when full,
- *    when the payload ends, or when the socket has nothing more for now
- *    (the write then overlaps the sender refilling the socket).
- * Why these (doc/performance.md, "tcp serving storage, second round"):
- * sent from the mapping a READ runs at a memory READ's speed; sendfile
- * reached 0.7-0.8x of it (a page-cache lookup and a page reference per
+ * after the other, and the I/O thread blocked meanwhile.  Here, in steps
+ * on the non-blocking socket like memory:
+ *  - the engine maps the storage range MAP_SHARED (storage_file's
+ *    `mapped`: made on the first served request, kept until unregister,
+ *    writable where peers may write), and a READ is sent from it, a WRITE
+ *    received into it, exactly as for memory: one copy between the page
+ *    cache and the socket, done before the access is released.  Only
+ *    system calls touch the mapping (a file cut short makes them fail
+ *    with EFAULT; a CPU load would be SIGBUS), and every request first
+ *    checks the file still holds its range;
+ *  - storage the engine does not map (above 64 GiB, or mmap refused): a
+ *    READ goes by sendfile (the page cache's pages go to the socket, no
+ *    copy), a WRITE's payload is spliced from the socket into a pipe of
+ *    FERRY_TCP_STORAGE_CHUNK bytes (the socket's pages move) and from
+ *    there into the file (one copy);
+ *  - durable storage (RWF_DSYNC is pwritev2's, not a store's): a WRITE's
+ *    payload is received into a chunk of that size and written with
+ *    pwritev2.
+ * Pipe and chunk are written when full, when the payload ends, or when
+ * the socket has nothing more for now (the write then overlaps the sender
+ * refilling the socket).
+ * Why (doc/performance.md, "tcp serving storage, second round"): through
+ * the mapping READs and WRITEs run at 0.95-1.1x of memory's speed;
+ * sendfile reached 0.7-0.8x (a page-cache lookup and a page reference per
  * 4 KiB, on both sides of the loopback), a pread into a 256 KiB chunk then
- * a send 0.6x, as the staged path, and a mapping made per request 0.5x.
- * splice saves about a fifth of the staged path's CPU on WRITEs, where
- * received 256 KiB chunks and pwrite saved nothing.
+ * a send 0.6x, as the staged path, a mapping made per request 0.5x;
+ * splice WRITEs 0.6-0.7x.
  *
  * The descriptor is the owner's (storage_file), borrowed while the
  * connection holds the access token: unregister waits for that token, so
  * no served byte is written to the file after ferry_unregister returns,
- * and a mapped READ's bytes are copied before.  A sendfile READ differs
+ * and a mapped READ's bytes are copied before (the mapping goes with the
+ * storage, after the last token).  A sendfile READ differs
  * in one way: the socket holds the page cache's pages, so its bytes are
  * fixed when the peer receives them, not when the token is released; a
  * READ in flight across the owner's unregister may return bytes written
@@ -83,17 +88,20 @@ int ferry_tcp_storage_open(ferry_tcp_target_conn_t *conn)
     ferry_tcp_t *tcp = conn->tcp;
     conn->file_fd = -1;
     conn->file_mapped = NULL;
+    conn->file_mapped_writable = NULL;
     if (tcp->settings.storage_staged || !FERRY_TRANSPORT_SERVICES_HAS(&tcp->svc, storage_file))
         return 0;
     ferry_storage_file_t file = {.fd = -1};
     if (tcp->svc.storage_file(tcp->svc.engine, conn->token, conn->addr, &file) != FERRY_OK)
         return 0;
-    if (conn->op == FERRY_TCP_OP_WRITE && !payload_buffer(conn, file.write_flags))
+    if (conn->op == FERRY_TCP_OP_WRITE && file.mapped_writable == NULL &&
+        !payload_buffer(conn, file.write_flags))
         return 0;
     conn->file_fd = file.fd;
     conn->file_offset = file.offset;
     conn->file_write_flags = file.write_flags;
     conn->file_mapped = conn->op == FERRY_TCP_OP_READ ? file.mapped : NULL;
+    conn->file_mapped_writable = conn->op == FERRY_TCP_OP_WRITE ? file.mapped_writable : NULL;
     /* a mapped READ is sent like memory; sendfile moves the others */
     conn->file_left = conn->op == FERRY_TCP_OP_READ && file.mapped == NULL ? conn->length : 0;
     conn->pending = 0;
@@ -126,14 +134,16 @@ ferry_status_t ferry_tcp_storage_check(const ferry_tcp_target_conn_t *conn)
 {
     struct stat st;
     if (fstat(conn->file_fd, &st) != 0) {
-        ferry_error("tcp: a served storage READ: fstat: %s", strerror(errno));
+        ferry_error("tcp: a served storage request: fstat: %s", strerror(errno));
         return FERRY_ERR_IO;
     }
-    /* A block device keeps its size; a file may have been truncated since
-     * its registration: the READ fails whole rather than short. */
+    /* A block device keeps its size; a file may have been cut short since
+     * its registration: a READ fails whole rather than short, a WRITE
+     * into the mapping would fault past the end. */
     if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < conn->file_offset + conn->length) {
-        ferry_error("tcp: a served %llu-byte storage READ at file offset %llu: the file ends "
+        ferry_error("tcp: a served %llu-byte storage %s at file offset %llu: the file ends "
                     "at %llu", (unsigned long long)conn->length,
+                    conn->op == FERRY_TCP_OP_WRITE ? "WRITE" : "READ",
                     (unsigned long long)conn->file_offset, (unsigned long long)st.st_size);
         return FERRY_ERR_IO;
     }

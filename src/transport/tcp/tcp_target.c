@@ -382,6 +382,27 @@ static step_t read_file(ferry_tcp_target_conn_t *conn)
     return STEP_AGAIN;
 }
 
+/* A WRITE into storage the kernel writes (tcp_storage.c): received into
+ * its mapping like memory, or spliced (or received) into the file.  A file
+ * cut short since its registration fails it before a byte lands (a write
+ * must not grow the file back, whichever path it takes). */
+static step_t write_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_check(conn);
+    conn->phase = FERRY_TCP_PHASE_PAYLOAD;
+    if (conn->file_mapped_writable != NULL)
+        conn->file_fd = -1; /* the payload goes to the mapping */
+    if (status != FERRY_OK) {
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+        conn->file_fd = -1;
+        conn->file_mapped_writable = NULL;
+        conn->granted = status;
+        conn->phase = FERRY_TCP_PHASE_DRAIN;
+    }
+    return STEP_AGAIN;
+}
+
 /* A whole header is in buf. */
 static step_t serve_start(ferry_tcp_target_conn_t *conn)
 {
@@ -399,6 +420,7 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->file_fd = -1;
     conn->file_left = 0;
     conn->file_mapped = NULL;
+    conn->file_mapped_writable = NULL;
     conn->progress_ms = ferry_time_ms();
 
     if (op == FERRY_TCP_OP_WRITE && length > FERRY_TCP_COALESCE_MAX)
@@ -421,12 +443,8 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->token = granted == FERRY_OK ? token : NULL;
 
     int device = granted == FERRY_OK && tcp->svc.access_is_device(tcp->svc.engine, token);
-    if (device && ferry_tcp_storage_open(conn)) {
-        if (op == FERRY_TCP_OP_READ)
-            return read_file(conn);
-        conn->phase = FERRY_TCP_PHASE_PAYLOAD; /* into a pipe or chunk, then the file */
-        return STEP_AGAIN;
-    }
+    if (device && ferry_tcp_storage_open(conn))
+        return op == FERRY_TCP_OP_READ ? read_file(conn) : write_file(conn);
     if (op == FERRY_TCP_OP_WRITE) {
         if (device)
             return write_device(conn);
@@ -467,7 +485,10 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD && !into_file;
     size_t want = (size_t)(conn->length - conn->moved);
     want = FERRY_MIN(want, FERRY_MAX(*budget_p, (size_t)1));
-    void *dst = (char *)(uintptr_t)conn->addr + conn->moved;
+    /* storage's mapping, or the memory itself */
+    char *base = conn->file_mapped_writable ? conn->file_mapped_writable
+                                            : (char *)(uintptr_t)conn->addr;
+    void *dst = base + conn->moved;
     if (!into_memory && !into_file) {
         want = FERRY_MIN(want, (size_t)FERRY_TCP_SCRATCH);
         dst = conn->worker->scratch;
@@ -475,6 +496,9 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     ssize_t got = into_file ? ferry_tcp_storage_recv(conn, want)
                             : recv(conn->fd, dst, want, MSG_DONTWAIT);
     if (got <= 0) {
+        if (got < 0 && errno == EFAULT && conn->file_mapped_writable != NULL)
+            ferry_error("tcp: the file ended during a served %llu-byte storage WRITE; "
+                        "closing", (unsigned long long)conn->length);
         step_t step = io_step(got);
         /* nothing more for now: the file gets what came while the sender
          * refills the socket (a full pipe says EAGAIN too: emptied here) */
@@ -495,6 +519,7 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     if (conn->moved < conn->length)
         return STEP_AGAIN;
     conn->file_fd = -1;
+    conn->file_mapped_writable = NULL;
     if (conn->token != NULL) {
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
