@@ -32,7 +32,10 @@ target_cpu() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 # machine may run us only after the target exited, the last sample stays.
 sample_cpu() { # pid file
     local c
-    while c=$(target_cpu "$1") && [ -n "$c" ]; do echo "$c" >"$2.new" && mv "$2.new" "$2"; sleep 0.02; done
+    while c=$(target_cpu "$1") && [ -n "$c" ]; do
+        echo "$c" >"$2.new" && mv "$2.new" "$2"
+        sleep 0.02
+    done
 }
 
 # prints "GB/s target-CPU-ms-per-GB"

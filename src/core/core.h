@@ -875,9 +875,10 @@ typedef struct ferry_storage {
     int fd;                 /* the owner's, for copies to its own segment */
     void *reserved;         /* the PROT_NONE address range */
     size_t reserved_length;
-    /* The range mapped read-only for a serving target (storage_file), from
-     * key.offset rounded down to a page: NULL until first asked for,
-     * MAP_FAILED when it cannot be; unmapped by ferry_storage_close. */
+    /* The range mapped MAP_SHARED for a serving target (storage_file),
+     * from key.offset rounded down to a page, writable if `writable`: NULL
+     * until first asked for, MAP_FAILED when it cannot be; unmapped by
+     * ferry_storage_close. */
     _Atomic(void *) mapped;
     int writable; /* fd is O_RDWR: peers may write (mapped writable too) */
 } ferry_storage_t;

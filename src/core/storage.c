@@ -365,8 +365,8 @@ static size_t map_skip(const ferry_storage_t *storage)
     return (size_t)(storage->key.offset % (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
-/* The range's read-only mapping, made by the first caller (concurrent
- * first callers: one mapping wins, the others are unmapped); NULL: none. */
+/* The range's mapping, made by the first caller (concurrent first
+ * callers: one mapping wins, the others are unmapped); NULL: none. */
 static char *storage_mapped(ferry_storage_t *storage)
 {
     void *mapped = atomic_load_explicit(&storage->mapped, memory_order_acquire);
@@ -379,7 +379,7 @@ static char *storage_mapped(ferry_storage_t *storage)
             made = mmap(NULL, storage->reserved_length + skip, prot, MAP_SHARED, storage->fd,
                         (off_t)(storage->key.offset - skip));
         if (made == MAP_FAILED)
-            ferry_debug("storage %s: not mapped (%s): served reads go by sendfile",
+            ferry_debug("storage %s: not mapped (%s): tcp serves it by sendfile and splice",
                         storage->key.path, storage->key.length > MAP_MAX ? "too large"
                                                                          : strerror(errno));
         if (atomic_compare_exchange_strong_explicit(&storage->mapped, &mapped, made,
@@ -396,8 +396,8 @@ static char *storage_mapped(ferry_storage_t *storage)
 ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr,
                                          ferry_storage_file_t *file)
 {
-    memset(file, 0, sizeof(*file));
     (void)engine;
+    memset(file, 0, sizeof(*file));
     ferry_reg_entry_t *entry = token;
     ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
     /* DIRECT and SHARED storage keeps the staged path (stage_in,
@@ -411,9 +411,11 @@ ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t add
     file->offset = storage->key.offset + (addr - storage->key.addr);
     file->write_flags = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
     char *mapped = storage_mapped(storage);
-    file->mapped = mapped != NULL ? mapped + (addr - storage->key.addr) : NULL;
+    if (mapped == NULL)
+        return FERRY_OK;
+    file->mapped = mapped + (addr - storage->key.addr);
     /* a durable write is pwritev2's (RWF_DSYNC), not a store to the page cache */
     if (storage->writable && !(storage->key.options & FERRY_STORAGE_DURABLE))
-        file->mapped_writable = (char *)file->mapped;
+        file->mapped_writable = mapped + (addr - storage->key.addr);
     return FERRY_OK;
 }
