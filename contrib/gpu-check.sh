@@ -21,7 +21,9 @@
 # Environment: GPU_CHECK_TESTS (the tests to run; default: every test in
 #   the build whose name has gpu, accel or cuda in it), GPU_CHECK_SECONDS
 #   (per ferry_bench run), NVCC, GPU_CHECK_BIG (the large size, 1g),
-#   GPU_CHECK_JOBS (make's jobs for the tests, default nproc).
+#   GPU_CHECK_JOBS (make's jobs for the tests, default nproc),
+#   GPU_CHECK_STORAGE_FILE, _SIZE, _BLOCK (the GPU-and-storage cases: the file,
+#   default gpu-check/storage.bin beside the results, 1g round, 64m blocks).
 set -u
 start=$SECONDS
 here=$(cd "$(dirname "$0")" && pwd)
@@ -261,6 +263,72 @@ elif time_left 90 "tcp scaling"; then
         RUNS=1 sh "$here/bench-tcp-fanout.sh" "$build" 500 2>&1 | tee -a "$output"
     fi
 fi
+# ---- 6. GPU memory to and from storage (issue 21, item 5): the raw
+# baseline (contrib/gpu_storage_baseline.cu: cuFile alone, and pread into
+# pinned memory plus host-to-device copies) and ferry's file transport with
+# each FERRY_STORAGE_GPU path, on the same file and sizes ----
+say ""
+say "## GPU memory and storage (issue 21): file transport vs cuFile alone and pread+pinned+copy"
+sfile=${GPU_CHECK_STORAGE_FILE:-$logs/storage.bin}
+if [ "$dry" = 1 ]; then
+    ssize=${GPU_CHECK_STORAGE_SIZE:-16m} sblock=${GPU_CHECK_STORAGE_BLOCK:-1m}
+else
+    ssize=${GPU_CHECK_STORAGE_SIZE:-1g} sblock=${GPU_CHECK_STORAGE_BLOCK:-64m}
+fi
+say "# file $sfile ($(df -PT "$(dirname "$sfile")" 2>/dev/null | awk 'NR==2 {print $2}')" \
+    "file system), $ssize round, blocks of $sblock; $("$build/ferry_info" 2>/dev/null |
+    grep -m1 'GPU memory to and from' | sed 's/^ *//')"
+sbaseline=$logs/storage-baseline.txt
+: > "$sbaseline"
+if [ ! -x "$nvcc" ]; then
+    say "SKIPPED storage baseline: no nvcc"
+elif ! "$nvcc" -O2 -I "$srcdir/src/core" -o "$logs/gpu_storage_baseline" \
+        "$srcdir/contrib/gpu_storage_baseline.cu" -ldl > "$logs/nvcc-storage.log" 2>&1; then
+    say "SKIPPED storage baseline: nvcc failed: $(tail -1 "$logs/nvcc-storage.log")"
+elif [ "$kind" != cuda ]; then
+    say "SKIPPED storage baseline: compiled, not run: kind $kind is not CUDA"
+elif time_left 30 "storage baseline"; then
+    GPU_BASELINE_SECONDS=$baseline_seconds timeout 120 "$logs/gpu_storage_baseline" \
+        "$sfile" "$ssize" "$sblock" 0 > "$sbaseline" 2> "$logs/storage-baseline.err"
+    rc=$?
+    tee -a "$output" < "$sbaseline"
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] ||
+        say "storage baseline: exited $rc: $(tail -1 "$logs/storage-baseline.err")"
+fi
+sbase() { sed -n "s/^BASELINE name=$1 value=\([0-9.]*\) .*/\1/p" "$sbaseline" | head -1; }
+storage=(--local-memory="$memory" --remote-memory="file:$sfile" --buffer-size="$ssize"
+    -b "$sblock" -B 1)
+paths="staging auto"
+[ "$kind" = cuda ] && paths="staging cufile auto"
+for path in $paths; do
+    for op in read write; do
+        FERRY_STORAGE_GPU=$path run "storage_${path}_$op" "${storage[@]}" --operation="$op"
+    done
+done
+for op in read write; do
+    run "storage_verified_$op" --local-memory="$memory" --remote-memory="file:$sfile" \
+        -b 1m -B 4 --operation="$op" --verify
+done
+best_raw() { # the larger of two baseline values (either may be missing)
+    awk -v a="$(sbase "$1")" -v b="$(sbase "$2")" \
+        'BEGIN { if (a == "" && b == "") exit; print (a + 0 > b + 0 ? a : b) }'
+}
+raw_read=$(best_raw storage_pinned_read storage_cufile_read)
+raw_write=$(best_raw storage_pinned_write storage_cufile_write)
+note="GB/s vs the best of cuFile alone ($(shown sbase storage_cufile_read)) and pinned"
+note="$note pipeline ($(shown sbase storage_pinned_read))"
+target "GPU memory from a file (auto)" "$(field storage_auto_read RESULT gbps)" "$raw_read" \
+    0.9 "$note"
+target "GPU memory from a file (staging)" "$(field storage_staging_read RESULT gbps)" \
+    "$raw_read" 0.9 "$note; forced"
+[ "$kind" = cuda ] && target "GPU memory from a file (cufile)" \
+    "$(field storage_cufile_read RESULT gbps)" "$raw_read" 0.9 "$note; forced"
+target "GPU memory into a file (auto)" "$(field storage_auto_write RESULT gbps)" "$raw_write" \
+    0.9 "GB/s vs the best raw write (no target in the issue: shown for the record)"
+say "# verified: read $(shown field storage_verified_read RESULT status)," \
+    "write $(shown field storage_verified_write RESULT status)"
+rm -f "$sfile"
+
 say ""
 say "# also: raw IPC 4 MiB with 16 in flight $(shown base ipc_4m_16_in_flight) GB/s," \
     "d2d 1 GiB $(shown base d2d_1g) GB/s, d2d 4 MiB $(shown base d2d_4m) GB/s," \

@@ -26,6 +26,9 @@
  */
 #include <cuda_runtime.h>
 
+#define BASELINE_PROGRAM "gpu_baseline"
+#include "gpu_baseline_common.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,28 +41,6 @@
 #define KIB ((size_t)1 << 10)
 
 static double seconds_per_case = 0.5;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        cudaError_t err_ = (call);                                                    \
-        if (err_ != cudaSuccess) {                                                    \
-            fprintf(stderr, "gpu_baseline: %s: %s\n", #call, cudaGetErrorString(err_)); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-static void result(const char *name, double value, const char *unit)
-{
-    printf("BASELINE name=%s value=%.4f unit=%s\n", name, value, unit);
-    fflush(stdout);
-}
 
 /* Repeat one synchronous copy of length bytes for about seconds_per_case;
  * bytes per second. */

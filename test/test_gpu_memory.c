@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../src/core/core.h"
+#include "gpu_vendor.h"
 #include "one_request.h"
 #include "peer_process.h"
 #include "test_pattern.h"
@@ -28,12 +29,7 @@ static ferry_engine_h engine;
 
 static void find_vendor(void)
 {
-    const char *k = getenv("FERRY_TEST_GPU_KIND");
-    snprintf(kind, sizeof(kind), "%s", k && *k ? k : "testgpu");
-    snprintf(device0, sizeof(device0), "%s:0", kind);
-    if (strcmp(kind, "testgpu") == 0)
-        setenv("FERRY_TESTGPU_DEVICES", "2", 0);
-    vendor = ferry_accel_find(getenv("FERRY_MODULE_DIR"), kind);
+    vendor = gpu_vendor_find(kind, sizeof(kind), device0, sizeof(device0));
     if (vendor == NULL)
         cr_skip_test("no %s device here (ferry_info -d says why): GPU memory tests skipped", kind);
 }
@@ -54,19 +50,12 @@ static void teardown(void)
 /* Fill device memory with the pattern, or check it, through a host copy. */
 static void device_fill(void *device, size_t length, unsigned seed)
 {
-    unsigned char *host = malloc(length);
-    test_pattern_fill(host, length, seed);
-    cr_assert_eq(vendor->copy(device, host, length), FERRY_OK);
-    free(host);
+    gpu_vendor_fill(vendor, device, length, seed);
 }
 
 static size_t device_check(const void *device, size_t length, unsigned seed)
 {
-    unsigned char *host = malloc(length);
-    cr_assert_eq(vendor->copy(host, device, length), FERRY_OK);
-    size_t bad = test_pattern_check(host, length, seed);
-    free(host);
-    return bad;
+    return gpu_vendor_check(vendor, device, length, seed);
 }
 
 /* The location the engine publishes for the buffer at addr. */

@@ -25,10 +25,10 @@ static void launch_local(ferry_engine_t *engine, request_state_t *req)
                                     req->one_slice.local, req->one_slice.length);
         ferry_engine_access_release(engine, token);
     } else if (storage != NULL) {
-        ferry_error("a copy between device memory and a storage buffer: not yet (issue 21, "
-                    "item 5)");
+        status = ferry_storage_copy_device(engine, storage, run->opcode,
+                                           req->one_slice.remote_addr, req->one_slice.local,
+                                           req->one_slice.length);
         ferry_engine_access_release(engine, token);
-        status = FERRY_ERR_UNSUPPORTED;
     } else if (status == FERRY_OK) {
         void *remote = (void *)(uintptr_t)req->one_slice.remote_addr;
         void *dst = run->opcode == FERRY_OP_WRITE ? remote : req->one_slice.local;

@@ -568,6 +568,7 @@ typedef struct ferry_engine_settings {
     size_t copy_parallel_min;
     size_t stage_chunk;
     size_t stage_pinned_max;
+    char *storage_gpu; /* storage_device.c: auto, cufile, staging */
 } ferry_engine_settings_t;
 
 /* stage.c: page-locked host buffers through which device memory goes to
@@ -920,5 +921,47 @@ void ferry_storage_wwid_of(const char *sysfs_root, uint64_t rdev, char *out, siz
  * none. */
 int ferry_storage_wwid_find(const char *sysfs_root, const char *dev_root, const char *map,
                             const char *wwid, char *path, size_t size);
+
+/* ---------------- storage_device.c, cufile.c: device memory and storage ---------------- */
+
+/* This process's descriptors of one storage range, for I/O between it and
+ * device memory. */
+typedef struct ferry_storage_fds {
+    int fd;            /* page-cache I/O; -1 where none */
+    int fd_direct;     /* O_DIRECT; -1 where none */
+    uint32_t align;    /* direct I/O's alignment (the key's) */
+    unsigned options;  /* the key's FERRY_STORAGE_* options */
+    const char *path;  /* for log lines */
+} ferry_storage_fds_t;
+/* Whether FERRY_STORAGE_GPU's value is one this engine knows (logged when
+ * not: FERRY_ERR_INVALID_PARAM). */
+ferry_status_t ferry_storage_gpu_check(const char *mode);
+/* length bytes between device memory (an accelerator's, its pointer says
+ * whose) and the file at offset, in the calling thread, by cuFile or
+ * through the engine's pinned staging buffers, as FERRY_STORAGE_GPU and
+ * cuFile's state choose.  FERRY_ERR_UNSUPPORTED (logged) when cuFile is
+ * forced and cannot serve it; FERRY_ERR_INVALID_PARAM when the storage
+ * takes direct I/O only and the I/O is not aligned. */
+ferry_status_t ferry_storage_device_io(ferry_engine_t *engine, const ferry_storage_fds_t *fds,
+                                       int write, void *device, size_t length, uint64_t offset);
+/* The engine's own storage buffer and local device memory (a request to
+ * its own segment). */
+ferry_status_t ferry_storage_copy_device(ferry_engine_t *engine, const ferry_storage_t *storage,
+                                         ferry_opcode_t opcode, uint64_t addr, void *device,
+                                         size_t length);
+
+typedef enum ferry_cufile_mode {
+    FERRY_CUFILE_ABSENT, /* no library, or its driver session did not open */
+    FERRY_CUFILE_COMPAT, /* compatibility mode: no nvidia-fs, cuFile copies through host */
+    FERRY_CUFILE_NATIVE, /* GPUDirect Storage: DMA between storage and GPU memory */
+} ferry_cufile_mode_t;
+/* Load cuFile once per process; *why_p (if not NULL): why it is absent or
+ * in compatibility mode. */
+ferry_cufile_mode_t ferry_cufile_load(const char **why_p);
+/* One line for ferry_info: found or not, native or compatibility mode. */
+void ferry_cufile_describe(char *text, size_t length);
+/* length bytes between cuda memory at device and the file fd at offset;
+ * short transfers continued, anything else FERRY_ERR_IO (logged). */
+ferry_status_t ferry_cufile_io(int fd, int write, void *device, size_t length, uint64_t offset);
 
 #endif

@@ -82,6 +82,11 @@ static const ferry_setting_t engine_settings[] = {
     SETTING("STATS", "yes", "count finished requests, bytes, failures and latency per transport "
             "and per peer (ferry_stats_snapshot); no: count nothing", stats,
             FERRY_SETTING_BOOL),
+    SETTING("STORAGE_GPU", "auto", "device memory to and from storage buffers (own, and same-host "
+            "peers' by the file transport): cufile (GPUDirect Storage, cuda memory only), staging "
+            "(pread/pwrite through the pinned STAGE_CHUNK buffers, pipelined with the device "
+            "copies), auto: cufile where it runs native (nvidia-fs), else staging",
+            storage_gpu, FERRY_SETTING_STRING),
 };
 
 const ferry_settings_table_t ferry_engine_settings_table = {
@@ -407,6 +412,9 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         goto err_destroy;
     ferry_copy_helpers_start(copy_threads, engine->settings.copy_parallel_min);
     engine->copy_helpers = 1;
+    status = ferry_storage_gpu_check(engine->settings.storage_gpu);
+    if (status != FERRY_OK)
+        goto err_destroy;
     read_host_id(engine);
     status = start_rpc(engine);
     if (status != FERRY_OK)

@@ -95,6 +95,9 @@ struct ferry_file {
     ferry_file_target_t *table[FERRY_FILE_TABLE_SIZE];
     const ferry_file_engine_ops_t *io;
     void *io_engine;
+    /* Device-memory slices' threads (file_gpu.c): made on the first such
+     * slice under lock, stopped by destroy. */
+    struct ferry_file_gpu *gpu;
 };
 
 extern const ferry_setting_t ferry_file_settings_table[];
@@ -119,6 +122,12 @@ void ferry_file_op_finish(ferry_file_t *file, ferry_file_op_t *op, ferry_status_
 /* Status of an I/O call's result n (bytes, or -errno), the op advanced:
  * FERRY_INPROGRESS when bytes are left (a short transfer: go on). */
 ferry_status_t ferry_file_op_advance(ferry_file_op_t *op, long n);
+
+/* file_gpu.c: ops whose slice has local_device (fd -1: chosen per I/O),
+ * each ended by one ferry_file_op_finish on a thread of its own; stop
+ * finishes those queued and joins the threads. */
+void ferry_file_gpu_start(ferry_file_t *file, ferry_file_op_t *ops);
+void ferry_file_gpu_stop(ferry_file_t *file);
 
 /* file_pool.c, file_uring.c */
 extern const ferry_file_engine_ops_t ferry_file_pool_ops;

@@ -40,6 +40,7 @@ static void file_destroy(void *ctx)
         return;
     if (file->io_engine != NULL)
         file->io->stop(file->io_engine);
+    ferry_file_gpu_stop(file);
     ferry_file_targets_free(file);
     pthread_mutex_destroy(&file->lock);
     ferry_settings_release(ferry_file_settings_table, ferry_file_settings_count,
@@ -158,16 +159,29 @@ static size_t file_slice_size(void *ctx)
     return 0; /* one I/O per request: the kernel takes any size */
 }
 
+/* Device memory (every accelerator's kind the engine asks about) comes
+ * unstaged: file_gpu.c moves it by cuFile or the engine's pinned staging. */
+static int file_local_memory(void *ctx, const char *location)
+{
+    (void)ctx;
+    (void)location;
+    return 1;
+}
+
 static void file_info(FILE *out)
 {
-    fprintf(out, "file: storage buffers by the initiator's own I/O, built in; io_uring: %s; "
-                 "GPU memory to and from storage (cuFile): not yet\n",
+    char cufile[320];
+    ferry_cufile_describe(cufile, sizeof(cufile));
+    fprintf(out, "file: storage buffers by the initiator's own I/O, built in; io_uring: %s\n",
 #ifdef HAVE_LIBURING
             "yes (liburing)"
 #else
             "no (built without liburing: pread/pwrite threads)"
 #endif
     );
+    fprintf(out, "  GPU memory to and from storage (FERRY_STORAGE_GPU): pinned staging, or %s; "
+                 "the cuFile path has never run on real hardware\n",
+            cufile);
 }
 
 static const ferry_transport_ops_t file_ops = {
@@ -183,6 +197,7 @@ static const ferry_transport_ops_t file_ops = {
     .slice_size = file_slice_size,
     .progress = file_progress,
     .peer_changed = file_peer_forget,
+    .local_memory = file_local_memory,
 };
 
 static const ferry_plugin_t file_plugin = {

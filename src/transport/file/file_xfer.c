@@ -95,8 +95,10 @@ static ferry_file_op_t *make_op(ferry_file_t *file, ferry_file_target_t *t,
         return NULL;
     }
     uint64_t offset = key->offset + (slice->remote_addr - key->addr);
-    int fd = choose_fd(t, slice, offset, status_p);
-    if (fd < 0)
+    /* Device memory: file_gpu.c chooses per I/O (its buffers are not the
+     * slice's). */
+    int fd = slice->local_device ? -1 : choose_fd(t, slice, offset, status_p);
+    if (fd < 0 && !slice->local_device)
         return NULL;
     ferry_file_op_t *op = malloc(sizeof(*op));
     if (op == NULL) {
@@ -120,6 +122,7 @@ ferry_status_t ferry_file_submit(void *ctx, const ferry_peer_t *peer, ferry_slic
 {
     ferry_file_t *file = ctx;
     ferry_file_op_t *ops = NULL, **tail = &ops;
+    ferry_file_op_t *device_ops = NULL, **device_tail = &device_ops;
     ferry_file_target_t *t = NULL;
     const char *t_key = NULL;
     for (ferry_slice_t *slice = slices, *next; slice != NULL; slice = next) {
@@ -139,6 +142,11 @@ ferry_status_t ferry_file_submit(void *ctx, const ferry_peer_t *peer, ferry_slic
             continue;
         }
         atomic_fetch_add(&t->refs, 1); /* the op's */
+        if (slice->local_device) {
+            *device_tail = op;
+            device_tail = &op->next;
+            continue;
+        }
         *tail = op;
         tail = &op->next;
     }
@@ -146,5 +154,7 @@ ferry_status_t ferry_file_submit(void *ctx, const ferry_peer_t *peer, ferry_slic
         ferry_file_target_put(t);
     if (ops != NULL)
         file->io->start(file->io_engine, ops);
+    if (device_ops != NULL)
+        ferry_file_gpu_start(file, device_ops);
     return FERRY_OK;
 }
