@@ -287,23 +287,36 @@ Test(storage, out_of_range_refused)
     ferry_segment_close(engine, segment);
 }
 
-/* The owner on "another host" (its own host identity): the file transport
- * does not reach its file, tcp serves it, the owner doing the I/O. */
-Test(storage, other_host_served_by_tcp)
+/* The owner on "another host" (its own host identity, env: its other
+ * settings after it): the file transport does not reach its file, tcp
+ * serves it, the owner doing the I/O.  It registers [OFFSET, +RANGE) of
+ * path with options. */
+static uintptr_t remote_owner_start(const char *const *env, unsigned options,
+                                    ferry_segment_h *segment_p)
+{
+    const char *all[8] = {"FERRY_HOST_ID=storage-owner-host"};
+    for (size_t i = 0; env != NULL && env[i] != NULL && i + 2 < 8; i++)
+        all[i + 1] = env[i];
+    uintptr_t addr = 0;
+    cr_assert_eq(peer_start(&peer, all), 0);
+    peer_running = 1;
+    const char *reply = peer_cmd(&peer, "sreg %zu %zu %u %s rw", OFFSET, RANGE, options, path);
+    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
+    cr_assert_eq(ferry_segment_open(engine, peer.name, segment_p), FERRY_OK);
+    return addr;
+}
+
+/* Served writes and reads, whole range, odd offsets and lengths, across
+ * the target's 256 KiB chunks, bytes checked in the file and back. */
+static void served_checked(const char *const *env, unsigned options)
 {
     start("uring");
     make_file("/tmp");
-    static const char *const env[] = {"FERRY_HOST_ID=storage-owner-host", NULL};
-    uintptr_t addr = 0;
-    cr_assert_eq(peer_start(&peer, env), 0);
-    peer_running = 1;
-    const char *reply = peer_cmd(&peer, "sreg %zu %zu 0 %s rw", OFFSET, RANGE, path);
-    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
     ferry_segment_h segment;
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    uintptr_t addr = remote_owner_start(env, options, &segment);
     unsigned char *check = malloc(RANGE);
-    static const struct { size_t at, length; } cases[] = {{0, RANGE}, {1, 4095}, {RANGE - 3, 3},
-                                                          {77777, 3 * MIB}};
+    static const struct { size_t at, length; } cases[] = {
+        {0, RANGE}, {1, 4095}, {RANGE - 3, 3}, {77777, 3 * MIB}, {256 * KIB - 5, 600 * KIB + 11}};
     for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         test_pattern_fill(local + 5, cases[i].length, 200 + i);
         cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local + 5, segment,
@@ -320,6 +333,102 @@ Test(storage, other_host_served_by_tcp)
     cr_assert_neq(one_request(engine, FERRY_OP_READ, local, segment, addr + RANGE - 1, 2, NULL),
                   FERRY_OK);
     free(check);
+    ferry_segment_close(engine, segment);
+}
+
+Test(storage, other_host_served_by_tcp)
+{
+    served_checked(NULL, 0);
+}
+
+/* Small socket buffers: the mapped sends and the spliced writes stop and
+ * resume many times within a request. */
+Test(storage, other_host_served_by_tcp_small_socket_buffers)
+{
+    static const char *const env[] = {"FERRY_TCP_SOCKBUF=16k", NULL};
+    served_checked(env, 0);
+}
+
+/* The bounce-buffer path of before, still taken for DIRECT storage. */
+Test(storage, other_host_served_by_tcp_staged)
+{
+    static const char *const env[] = {"FERRY_TCP_STORAGE_STAGED=yes", NULL};
+    served_checked(env, 0);
+}
+
+Test(storage, other_host_served_by_tcp_durable)
+{
+    served_checked(NULL, FERRY_STORAGE_DURABLE);
+}
+
+/* DIRECT storage: the owner asked for no page cache, the staged path
+ * serves it (storage_file refuses it). */
+Test(storage, other_host_served_by_tcp_direct_storage)
+{
+    served_checked(NULL, FERRY_STORAGE_DIRECT);
+}
+
+/* Storage above the 64 GiB the owner maps: its served reads go by
+ * sendfile.  A sparse file; bytes checked at both ends of the range. */
+Test(storage, served_by_tcp_unmapped_large_storage)
+{
+    start("uring");
+    make_file("/tmp");
+    const uint64_t large = (uint64_t)65 << 30;
+    cr_assert_eq(truncate(path, (off_t)large), 0);
+    static const char *const env[] = {"FERRY_HOST_ID=storage-owner-host", NULL};
+    cr_assert_eq(peer_start(&peer, env), 0);
+    peer_running = 1;
+    uintptr_t addr = 0;
+    const char *reply = peer_cmd(&peer, "sreg 0 %" PRIu64 " 0 %s rw", large, path);
+    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
+    ferry_segment_h segment;
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    static const uint64_t at[] = {5, ((uint64_t)65 << 30) - 3 * MIB - 7};
+    for (unsigned i = 0; i < 2; i++) {
+        test_pattern_fill(local, 3 * MIB, 60 + i);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, addr + at[i],
+                                           3 * MIB, "tcp"), FERRY_OK);
+        file_read(path, at[i], local + RANGE, 3 * MIB);
+        cr_assert_eq(test_pattern_check(local + RANGE, 3 * MIB, 60 + i), SIZE_MAX);
+        memset(local + RANGE, 0, 3 * MIB);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + RANGE, segment,
+                                           addr + at[i], 3 * MIB, "tcp"), FERRY_OK);
+        cr_assert_eq(test_pattern_check(local + RANGE, 3 * MIB, 60 + i), SIZE_MAX);
+    }
+    ferry_segment_close(engine, segment);
+}
+
+/* A file cut short after its registration: a served read or write past
+ * its new end FAILs whole (never a short success, no byte written), what
+ * is left still reads. */
+Test(storage, served_io_of_truncated_file_fails)
+{
+    start("uring");
+    make_file("/tmp");
+    ferry_segment_h segment;
+    uintptr_t addr = remote_owner_start(NULL, 0, &segment);
+    test_pattern_fill(local, MIB, 41);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, addr, MIB, "tcp"),
+                 FERRY_OK);
+    cr_assert_eq(truncate(path, OFFSET + MIB / 2), 0);
+    ferry_xfer_status_t xs;
+    memset(local + RANGE, 0, MIB);
+    cr_assert_neq(one_request(engine, FERRY_OP_READ, local + RANGE, segment, addr, MIB, &xs),
+                  FERRY_OK);
+    cr_assert_eq(xs.state, FERRY_XFER_FAILED);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + RANGE, segment, addr,
+                                       MIB / 2, "tcp"), FERRY_OK);
+    cr_assert_eq(test_pattern_check(local + RANGE, MIB / 2, 41), SIZE_MAX);
+    memset(local, 0x77, MIB);
+    cr_assert_neq(one_request(engine, FERRY_OP_WRITE, local, segment, addr, MIB, &xs), FERRY_OK);
+    cr_assert_eq(xs.state, FERRY_XFER_FAILED);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq((uint64_t)st.st_size, OFFSET + MIB / 2, "the failed write changed the size");
+    file_read(path, OFFSET, local + RANGE, MIB / 2);
+    cr_assert_eq(test_pattern_check(local + RANGE, MIB / 2, 41), SIZE_MAX,
+                 "the failed write landed");
     ferry_segment_close(engine, segment);
 }
 
@@ -692,13 +801,14 @@ static void *write_loop(void *arg)
 }
 
 /* When the owner's unregister returns, no write of ours lands any more:
- * what we write into the file right after stays. */
-Test(storage, unregister_during_io)
+ * what we write into the file right after stays.  remote: the owner on
+ * "another host", its tcp target writing the file. */
+static void unregister_during_io_as(int remote)
 {
     start("uring");
     make_file("/tmp");
     writer_t w = {0};
-    w.addr = owner_start(path, 0, &w.segment);
+    w.addr = remote ? remote_owner_start(NULL, 0, &w.segment) : owner_start(path, 0, &w.segment);
     memset(local, 0x5a, 8 * 64 * KIB);
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, write_loop, &w), 0);
@@ -717,4 +827,14 @@ Test(storage, unregister_during_io)
                  "a write landed after the owner's unregister returned");
     free(mine);
     ferry_segment_close(engine, w.segment);
+}
+
+Test(storage, unregister_during_io)
+{
+    unregister_during_io_as(0);
+}
+
+Test(storage, unregister_during_served_io)
+{
+    unregister_during_io_as(1);
 }

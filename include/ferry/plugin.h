@@ -183,6 +183,28 @@ typedef enum ferry_access {
     FERRY_ACCESS_STORAGE = 4,
 } ferry_access_t;
 
+/* A storage range's file, for a target that moves its bytes (the
+ * services' storage_file). */
+typedef struct ferry_storage_file {
+    /* The owner's descriptor: neither closed nor moved (positioned calls
+     * only); writes with write_flags (pwritev2's: RWF_DSYNC for durable
+     * storage). */
+    int fd;
+    uint64_t offset; /* the file offset of addr */
+    int write_flags;
+    /* addr's bytes in a MAP_SHARED mapping of the storage (the page cache
+     * itself: a copy from it is a read), made on first use and unmapped
+     * with the storage; NULL where it is not mapped.  Only the
+     * kernel may touch it (send from it): a file cut short makes its end
+     * fault, which a system call answers with EFAULT and a CPU load with
+     * SIGBUS. */
+    const void *mapped;
+    /* The same mapping where writes may go there: storage peers may
+     * write, not durable (a store to the page cache is no RWF_DSYNC);
+     * else NULL.  A write past the file's end faults: check its size. */
+    void *mapped_writable;
+} ferry_storage_file_t;
+
 typedef struct ferry_transport_services {
     size_t size;
     void *engine;
@@ -229,6 +251,14 @@ typedef struct ferry_transport_services {
      * one slice_done, never both.  Use FERRY_TRANSPORT_SERVICES_HAS: an
      * older engine's table ends before it. */
     void (*slices_done)(ferry_slice_t *slices, ferry_status_t status);
+    /* Target side, for a storage range access_acquire granted: how the
+     * transport moves its bytes itself instead of through stage_in and
+     * stage_out's bounce buffer (*file, valid until access_release(token)).
+     * FERRY_ERR_UNSUPPORTED: no storage, or storage registered DIRECT or
+     * SHARED (it must not go through this host's page cache): stage_in and
+     * stage_out keep it.  Use FERRY_TRANSPORT_SERVICES_HAS. */
+    ferry_status_t (*storage_file)(void *engine, void *token, uint64_t addr,
+                                   ferry_storage_file_t *file);
 } ferry_transport_services_t;
 
 /* Whether the engine's services table (maybe of an older engine, hence

@@ -814,6 +814,9 @@ ferry_status_t ferry_engine_stage_out(void *engine, void *token, const void *src
                                       ferry_status_t (*drain)(void *arg, const void *buffer,
                                                               size_t length),
                                       void *arg);
+/* The service of the same name (plugin.h); storage.c. */
+ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr,
+                                         ferry_storage_file_t *file);
 
 /* ---------------- built-in plugins ---------------- */
 const ferry_plugin_t *ferry_tcp_plugin(void);
@@ -865,13 +868,20 @@ ferry_status_t ferry_storage_keys_check(const ferry_descriptor_t *desc, size_t f
                                         size_t count);
 
 /* A registered storage range, owned by its registry entry (entry->storage):
- * made by ferry_storage_open, freed with the entry.  Immutable after open. */
+ * made by ferry_storage_open, freed with the entry.  Immutable after open
+ * but for `mapped`, set once. */
 typedef struct ferry_storage {
     ferry_storage_key_t key;
     char *key_text;
     int fd;                 /* the owner's, for copies to its own segment */
     void *reserved;         /* the PROT_NONE address range */
     size_t reserved_length;
+    /* The range mapped MAP_SHARED for a serving target (storage_file),
+     * from key.offset rounded down to a page, writable if `writable`: NULL
+     * until first asked for, MAP_FAILED when it cannot be; unmapped by
+     * ferry_storage_close. */
+    _Atomic(void *) mapped;
+    int writable; /* fd is O_RDWR: peers may write (mapped writable too) */
 } ferry_storage_t;
 
 /* Open and check the region, reserve its addresses, make its key (host:

@@ -438,6 +438,7 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
         .access_is_device = ferry_engine_access_is_device,
         .stage_in = ferry_engine_stage_in,
         .stage_out = ferry_engine_stage_out,
+        .storage_file = ferry_engine_storage_file,
     };
     ferry_stage_pool_init(&engine->stage, engine->settings.stage_chunk,
                           engine->settings.stage_pinned_max);

@@ -25,6 +25,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+static size_t map_skip(const ferry_storage_t *storage);
+
 /* Direct-I/O alignment where the kernel does not say (no STATX_DIOALIGN):
  * a page satisfies every device and file system. */
 #define DEFAULT_ALIGN 4096u
@@ -173,6 +175,7 @@ ferry_status_t ferry_storage_open(const ferry_storage_region_t *region, unsigned
     if (storage == NULL)
         return FERRY_ERR_NO_MEMORY;
     storage->fd = -1;
+    storage->writable = (flags & FERRY_REG_REMOTE_WRITE) != 0;
     snprintf(storage->key.host, sizeof(storage->key.host), "%s", host);
     status = open_region(region, flags, sysfs_root, &storage->key, &storage->fd);
     if (status != FERRY_OK)
@@ -213,6 +216,9 @@ void ferry_storage_close(ferry_storage_t *storage)
         return;
     if (storage->reserved != NULL)
         munmap(storage->reserved, storage->reserved_length);
+    void *mapped = atomic_load(&storage->mapped);
+    if (mapped != NULL && mapped != MAP_FAILED)
+        munmap(mapped, storage->reserved_length + map_skip(storage));
     if (storage->fd >= 0)
         close(storage->fd);
     free(storage->key_text);
@@ -348,4 +354,68 @@ ferry_status_t ferry_storage_stage_out(const ferry_storage_t *storage, uint64_t 
     }
     free(buffer);
     return status;
+}
+
+/* Larger ranges are not mapped: the page tables of what peers read would
+ * stay until unregister (2 MiB per GiB); sendfile serves them. */
+#define MAP_MAX ((uint64_t)64 << 30)
+
+static size_t map_skip(const ferry_storage_t *storage)
+{
+    return (size_t)(storage->key.offset % (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
+/* The range's mapping, made by the first caller (concurrent first
+ * callers: one mapping wins, the others are unmapped); NULL: none. */
+static char *storage_mapped(ferry_storage_t *storage)
+{
+    void *mapped = atomic_load_explicit(&storage->mapped, memory_order_acquire);
+    if (mapped == NULL) {
+        size_t skip = map_skip(storage);
+        void *made = MAP_FAILED;
+        /* writable where peers may write (the descriptor is O_RDWR then) */
+        int prot = PROT_READ | (storage->writable ? PROT_WRITE : 0);
+        if (storage->key.length <= MAP_MAX)
+            made = mmap(NULL, storage->reserved_length + skip, prot, MAP_SHARED, storage->fd,
+                        (off_t)(storage->key.offset - skip));
+        if (made == MAP_FAILED)
+            ferry_debug("storage %s: not mapped (%s): tcp serves it by sendfile and splice",
+                        storage->key.path, storage->key.length > MAP_MAX ? "too large"
+                                                                         : strerror(errno));
+        if (atomic_compare_exchange_strong_explicit(&storage->mapped, &mapped, made,
+                                                    memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            mapped = made;
+        } else if (made != MAP_FAILED) {
+            munmap(made, storage->reserved_length + skip);
+        }
+    }
+    return mapped == MAP_FAILED ? NULL : (char *)mapped + map_skip(storage);
+}
+
+ferry_status_t ferry_engine_storage_file(void *engine, void *token, uint64_t addr,
+                                         ferry_storage_file_t *file)
+{
+    (void)engine;
+    memset(file, 0, sizeof(*file));
+    ferry_reg_entry_t *entry = token;
+    ferry_storage_t *storage = entry != NULL ? entry->storage : NULL;
+    /* DIRECT and SHARED storage keeps the staged path (stage_in,
+     * stage_out): the owner asked for no page cache, which sendfile and
+     * the mapping cannot avoid, and the staged path is where O_DIRECT
+     * belongs. */
+    if (storage == NULL ||
+        (storage->key.options & (FERRY_STORAGE_DIRECT | FERRY_STORAGE_SHARED)))
+        return FERRY_ERR_UNSUPPORTED;
+    file->fd = storage->fd;
+    file->offset = storage->key.offset + (addr - storage->key.addr);
+    file->write_flags = (storage->key.options & FERRY_STORAGE_DURABLE) ? RWF_DSYNC : 0;
+    char *mapped = storage_mapped(storage);
+    if (mapped == NULL)
+        return FERRY_OK;
+    file->mapped = mapped + (addr - storage->key.addr);
+    /* a durable write is pwritev2's (RWF_DSYNC), not a store to the page cache */
+    if (storage->writable && !(storage->key.options & FERRY_STORAGE_DURABLE))
+        file->mapped_writable = mapped + (addr - storage->key.addr);
+    return FERRY_OK;
 }

@@ -10,7 +10,11 @@
  * (stage_in/stage_out) is the exception: its payload moves synchronously
  * on the I/O thread through the engine's staging buffers, each socket wait
  * bounded by TIMEOUT, so other sockets of that thread wait at most that
- * long (device memory over tcp is a fallback, not a fast path).
+ * long (device memory over tcp is a fallback, not a fast path).  A storage
+ * buffer in the page cache is not: its bytes are sent from and received
+ * into the engine's shared mapping of it (or moved by sendfile and
+ * splice), in steps on the non-blocking socket like memory
+ * (tcp_storage.c); DIRECT or SHARED storage is staged like device memory.
  *
  * Target side (tcp_target.c): requests on a connection are served in
  * order, straight between the socket and registered memory.  At most
@@ -93,6 +97,9 @@ enum {
  * here, then leave in one send.  A request above COALESCE_MAX flushes first. */
 #define FERRY_TCP_COALESCE_COUNT 64
 #define FERRY_TCP_COALESCE_MAX (256u << 10)
+/* Target: a WRITE into storage collects this much payload in a pipe (or a
+ * buffer), then writes it to the file. */
+#define FERRY_TCP_STORAGE_CHUNK (256u << 10)
 
 typedef struct ferry_tcp_settings {
     char *listen_host;
@@ -106,6 +113,7 @@ typedef struct ferry_tcp_settings {
     unsigned idle_timeout_ms;
     unsigned max_conns; /* target connections: a hostile initiator gets no more */
     unsigned max_conns_per_source;
+    int storage_staged; /* storage through stage_in/stage_out only */
 } ferry_tcp_settings_t;
 
 typedef struct ferry_tcp ferry_tcp_t;
@@ -291,6 +299,22 @@ struct ferry_tcp_target_conn {
     uint64_t id, addr, length, moved;
     ferry_status_t granted;
     void *token; /* access held until the payload moved */
+    /* A storage request the kernel moves (services' storage_file): the
+     * owner's descriptor (-1: none; borrowed while token is held), where
+     * the next byte of the file is, and a WRITE's payload not yet written. */
+    int file_fd;
+    uint64_t file_offset;
+    uint64_t file_left; /* a READ: bytes still to sendfile */
+    int file_write_flags;
+    const void *file_mapped;    /* a READ: the range mapped (storage_file) or NULL */
+    void *file_mapped_writable; /* a WRITE: the same, where it may be written */
+    /* A WRITE's payload waits in a pipe (splice, not durable) or in chunk
+     * (pwritev2), each made on the first storage WRITE that needs it. */
+    int pipe_fds[2];      /* -1 until made */
+    unsigned char *chunk; /* FERRY_TCP_STORAGE_CHUNK bytes */
+    size_t pending;       /* received, not yet written */
+    size_t pending_max;   /* what the pipe or chunk holds */
+    int into_pipe;
     /* responses not yet sent, out[out_pos, out_len) */
     size_t out_pos, out_len;
     unsigned char out[FERRY_TCP_COALESCE_COUNT * FERRY_TCP_RESPONSE_SIZE];
@@ -355,6 +379,24 @@ ferry_status_t ferry_tcp_target_start(ferry_tcp_t *tcp, const char *host, int *p
 void ferry_tcp_target_stop(ferry_tcp_t *tcp);
 /* The timers of a thread's target connections (that thread). */
 void ferry_tcp_target_tick(ferry_tcp_worker_t *worker, uint64_t now);
+
+/* ---- tcp_storage.c: a storage request the kernel moves (the target's thread) ---- */
+/* Whether conn's granted storage range (conn->op, addr, length, token) goes
+ * by the mapping, sendfile, splice or chunked pwrite; sets conn->file_*.
+ * 0: the staged path. */
+int ferry_tcp_storage_open(ferry_tcp_target_conn_t *conn);
+/* Whether the file still holds the whole range (logged if not). */
+ferry_status_t ferry_tcp_storage_check(const ferry_tcp_target_conn_t *conn);
+/* A READ that is not mapped: sendfile of up to max bytes of what is left;
+ * sendfile's result. */
+ssize_t ferry_tcp_storage_send(ferry_tcp_target_conn_t *conn, size_t max);
+/* A WRITE: up to want bytes of payload from the socket into the pipe or
+ * chunk (no more than pending_max - pending); recv's result. */
+ssize_t ferry_tcp_storage_recv(ferry_tcp_target_conn_t *conn, size_t want);
+/* A WRITE: what is pending written at file_offset, which moves past it. */
+ferry_status_t ferry_tcp_storage_flush(ferry_tcp_target_conn_t *conn);
+/* The connection's pipe and chunk freed (it closes). */
+void ferry_tcp_storage_free(ferry_tcp_target_conn_t *conn);
 
 /* ---- tcp_wire.c: what a target reads, parsed (logs each violation once) ---- */
 typedef struct ferry_tcp_hello {

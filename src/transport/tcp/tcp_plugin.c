@@ -43,6 +43,11 @@ static const ferry_setting_t tcp_settings[] = {
     {"MAX_CONNS_PER_SOURCE", "256", "connections the listener keeps from one address; past it a "
      "new one evicts that address's connection idle longest",
      offsetof(ferry_tcp_settings_t, max_conns_per_source), FERRY_SETTING_UINT},
+    {"STORAGE_STAGED", "no", "yes: the target serves storage buffers through one bounce "
+     "buffer per request, read or received whole, then sent or written (no: sent from and "
+     "received into a shared mapping of the file, above 64g by sendfile and splice; DIRECT "
+     "and SHARED storage is always staged)",
+     offsetof(ferry_tcp_settings_t, storage_staged), FERRY_SETTING_BOOL},
 };
 
 void ferry_tcp_tune_socket(const ferry_tcp_t *tcp, int fd)

@@ -70,6 +70,7 @@ static void target_close(ferry_tcp_target_conn_t *conn)
         conn->wnext->wprev = conn->wprev;
     epoll_ctl(worker->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
     close(conn->fd); /* the peer sees EOF now */
+    ferry_tcp_storage_free(conn);
     free(conn);
 }
 
@@ -153,11 +154,42 @@ static ferry_status_t flush_sync(ferry_tcp_target_conn_t *conn)
     return status;
 }
 
+/* A storage READ's bytes, from the file to the socket (tcp_storage.c). */
+static step_t sendfile_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
+{
+    ssize_t sent = ferry_tcp_storage_send(conn, FERRY_MAX(*budget_p, (size_t)1));
+    if (sent < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            set_interest(conn, 1);
+            return STEP_WAIT;
+        }
+        if (errno == EINTR)
+            return STEP_AGAIN;
+        ferry_info("tcp: a served %llu-byte storage READ: sendfile: %s; closing",
+                   (unsigned long long)conn->length, strerror(errno));
+        return STEP_CLOSE;
+    }
+    if (sent == 0) {
+        /* Its answer left already: only closing fails the READ at the peer. */
+        ferry_error("tcp: the file ended during a served %llu-byte storage READ; closing",
+                    (unsigned long long)conn->length);
+        return STEP_CLOSE;
+    }
+    conn->progress_ms = ferry_time_ms();
+    *budget_p -= FERRY_MIN(*budget_p, (size_t)sent);
+    return STEP_AGAIN;
+}
+
 static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
     if (conn->tx_msg.msg_iovlen > 0) {
-        ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        /* a storage READ's bytes follow in the same segments */
+        int more = conn->file_left > 0 ? MSG_MORE : 0;
+        ssize_t sent = sendmsg(conn->fd, &conn->tx_msg, MSG_NOSIGNAL | MSG_DONTWAIT | more);
         if (sent < 0) {
+            if (errno == EFAULT && conn->file_mapped != NULL) /* its answer left already */
+                ferry_error("tcp: the file ended during a served %llu-byte storage READ; "
+                            "closing", (unsigned long long)conn->length);
             step_t step = io_step(sent);
             if (step == STEP_WAIT)
                 set_interest(conn, 1);
@@ -169,7 +201,14 @@ static step_t send_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
         if (conn->tx_msg.msg_iovlen > 0)
             return STEP_AGAIN;
     }
+    if (conn->file_left > 0) {
+        step_t step = sendfile_step(conn, budget_p);
+        if (step != STEP_AGAIN || conn->file_left > 0)
+            return step;
+    }
     conn->out_pos = conn->out_len = 0;
+    conn->file_fd = -1;
+    conn->file_mapped = NULL;
     if (conn->token != NULL) { /* a READ's data left */
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
@@ -323,6 +362,47 @@ static step_t read_device(ferry_tcp_target_conn_t *conn)
     return status == FERRY_OK ? STEP_AGAIN : STEP_CLOSE;
 }
 
+/* A READ of storage the kernel sends (tcp_storage.c): a file cut short
+ * since its registration fails the READ before its answer goes. */
+static step_t read_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_check(conn);
+    if (status != FERRY_OK) {
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+        conn->file_fd = -1;
+        conn->file_left = 0;
+        respond(conn, status, 0);
+        return STEP_AGAIN;
+    }
+    /* pending responses, this one and, when mapped, the bytes in one
+     * sendmsg; else sendfile after it */
+    append_response(conn, FERRY_OK);
+    start_send(conn, conn->file_mapped, conn->file_mapped != NULL ? (size_t)conn->length : 0);
+    return STEP_AGAIN;
+}
+
+/* A WRITE into storage the kernel writes (tcp_storage.c): received into
+ * its mapping like memory, or spliced (or received) into the file.  A file
+ * cut short since its registration fails it before a byte lands (a write
+ * must not grow the file back, whichever path it takes). */
+static step_t write_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_check(conn);
+    conn->phase = FERRY_TCP_PHASE_PAYLOAD;
+    if (conn->file_mapped_writable != NULL)
+        conn->file_fd = -1; /* the payload goes to the mapping */
+    if (status != FERRY_OK) {
+        conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+        conn->token = NULL;
+        conn->file_fd = -1;
+        conn->file_mapped_writable = NULL;
+        conn->granted = status;
+        conn->phase = FERRY_TCP_PHASE_DRAIN;
+    }
+    return STEP_AGAIN;
+}
+
 /* A whole header is in buf. */
 static step_t serve_start(ferry_tcp_target_conn_t *conn)
 {
@@ -337,6 +417,10 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->addr = addr;
     conn->length = length;
     conn->moved = 0;
+    conn->file_fd = -1;
+    conn->file_left = 0;
+    conn->file_mapped = NULL;
+    conn->file_mapped_writable = NULL;
     conn->progress_ms = ferry_time_ms();
 
     if (op == FERRY_TCP_OP_WRITE && length > FERRY_TCP_COALESCE_MAX)
@@ -359,6 +443,8 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     conn->token = granted == FERRY_OK ? token : NULL;
 
     int device = granted == FERRY_OK && tcp->svc.access_is_device(tcp->svc.engine, token);
+    if (device && ferry_tcp_storage_open(conn))
+        return op == FERRY_TCP_OP_READ ? read_file(conn) : write_file(conn);
     if (op == FERRY_TCP_OP_WRITE) {
         if (device)
             return write_device(conn);
@@ -375,21 +461,51 @@ static step_t serve_start(ferry_tcp_target_conn_t *conn)
     return STEP_AGAIN;
 }
 
-/* A WRITE's payload: into memory (granted) or the thread's scratch (refused,
+/* A storage WRITE's pending bytes to the file.  A failure ends the
+ * access: the rest of the payload is drained and the initiator hears the
+ * error. */
+static void flush_file(ferry_tcp_target_conn_t *conn)
+{
+    ferry_status_t status = ferry_tcp_storage_flush(conn);
+    if (status == FERRY_OK)
+        return;
+    conn->granted = status;
+    conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
+    conn->token = NULL;
+    conn->file_fd = -1;
+    conn->phase = FERRY_TCP_PHASE_DRAIN;
+}
+
+/* A WRITE's payload: into memory (granted), through a pipe or chunk into
+ * a storage file (tcp_storage.c), or into the thread's scratch (refused,
  * so the stream stays in step). */
 static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
 {
-    int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD;
+    int into_file = conn->phase == FERRY_TCP_PHASE_PAYLOAD && conn->file_fd >= 0;
+    int into_memory = conn->phase == FERRY_TCP_PHASE_PAYLOAD && !into_file;
     size_t want = (size_t)(conn->length - conn->moved);
     want = FERRY_MIN(want, FERRY_MAX(*budget_p, (size_t)1));
-    void *dst = (char *)(uintptr_t)conn->addr + conn->moved;
-    if (!into_memory) {
+    /* storage's mapping, or the memory itself */
+    char *base = conn->file_mapped_writable ? conn->file_mapped_writable
+                                            : (char *)(uintptr_t)conn->addr;
+    void *dst = base + conn->moved;
+    if (!into_memory && !into_file) {
         want = FERRY_MIN(want, (size_t)FERRY_TCP_SCRATCH);
         dst = conn->worker->scratch;
     }
-    ssize_t got = recv(conn->fd, dst, want, MSG_DONTWAIT);
+    ssize_t got = into_file ? ferry_tcp_storage_recv(conn, want)
+                            : recv(conn->fd, dst, want, MSG_DONTWAIT);
     if (got <= 0) {
+        if (got < 0 && errno == EFAULT && conn->file_mapped_writable != NULL)
+            ferry_error("tcp: the file ended during a served %llu-byte storage WRITE; "
+                        "closing", (unsigned long long)conn->length);
         step_t step = io_step(got);
+        /* nothing more for now: the file gets what came while the sender
+         * refills the socket (a full pipe says EAGAIN too: emptied here) */
+        if (step == STEP_WAIT && into_file && conn->pending > 0) {
+            flush_file(conn);
+            step = STEP_AGAIN;
+        }
         if (step == STEP_CLOSE)
             ferry_info("tcp: a peer closed its connection during a %llu-byte WRITE",
                        (unsigned long long)conn->length);
@@ -398,8 +514,12 @@ static step_t payload_step(ferry_tcp_target_conn_t *conn, size_t *budget_p)
     conn->moved += (uint64_t)got;
     conn->progress_ms = ferry_time_ms();
     *budget_p -= FERRY_MIN(*budget_p, (size_t)got);
+    if (into_file && (conn->pending == conn->pending_max || conn->moved == conn->length))
+        flush_file(conn);
     if (conn->moved < conn->length)
         return STEP_AGAIN;
+    conn->file_fd = -1;
+    conn->file_mapped_writable = NULL;
     if (conn->token != NULL) {
         conn->tcp->svc.access_release(conn->tcp->svc.engine, conn->token);
         conn->token = NULL;
@@ -629,6 +749,8 @@ static void accept_one(ferry_tcp_t *tcp, int fd, const struct sockaddr *addr)
     conn->handler.on_event = target_event;
     conn->tcp = tcp;
     conn->fd = fd;
+    conn->file_fd = -1;
+    conn->pipe_fds[0] = conn->pipe_fds[1] = -1;
     conn->phase = FERRY_TCP_PHASE_HELLO;
     atomic_init(&conn->state, FERRY_TCP_TARGET_HELLO);
     atomic_init(&conn->idle_ms, ferry_time_ms());
