@@ -26,8 +26,11 @@
 static void setup(void)
 {
     setenv("FERRY_TRANSPORTS", "tcp", 1);
-    setenv("FERRY_ETCD_TIMEOUT", "1000ms", 1);
-    setenv("FERRY_REDIS_TIMEOUT", "1000ms", 1);
+    /* No test here stops a server: a long bound only keeps a loaded
+     * machine's slow answer (etcd took over 1 s in a loaded distcheck)
+     * from failing a test about change records. */
+    setenv("FERRY_ETCD_TIMEOUT", "15000ms", 1);
+    setenv("FERRY_REDIS_TIMEOUT", "15000ms", 1);
 }
 
 TestSuite(store_refresh, .init = setup, .fini = service_cleanup_all, .timeout = 120);
