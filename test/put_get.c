@@ -147,3 +147,19 @@ void put_get_refused_after_unregister(ferry_engine_h engine, unsigned char *loca
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
 }
+
+int put_get_count_peer_failed(ferry_batch_h batch, int count)
+{
+    int failed = 0;
+    for (int i = 0; i < count; i++) {
+        ferry_xfer_status_t xs;
+        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
+        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
+        if (xs.state == FERRY_XFER_FAILED) {
+            failed++;
+            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
+                         ferry_status_string(xs.error));
+        }
+    }
+    return failed;
+}

@@ -30,5 +30,8 @@ void put_get_after_free(ferry_engine_h engine, peer_process_t *peer, unsigned ch
  * changed, and the first still works.  local: 1 MiB. */
 void put_get_refused_after_unregister(ferry_engine_h engine, unsigned char *local,
                                       const char *transport);
+/* Every request of the batch COMPLETED or FAILED with
+ * FERRY_ERR_PEER_FAILED; returns how many failed. */
+int put_get_count_peer_failed(ferry_batch_h batch, int count);
 
 #endif

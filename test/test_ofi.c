@@ -345,24 +345,6 @@ static void bystander_served_then_stop_both(peer_process_t *victim, ferry_segmen
     peer_stop(bystander);
 }
 
-/* Every request of the batch COMPLETED or FAILED with
- * FERRY_ERR_PEER_FAILED; returns how many failed. */
-static int count_peer_failed(ferry_batch_h batch, int count)
-{
-    int failed = 0;
-    for (int i = 0; i < count; i++) {
-        ferry_xfer_status_t xs;
-        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
-        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
-        if (xs.state == FERRY_XFER_FAILED) {
-            failed++;
-            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
-                         ferry_status_string(xs.error));
-        }
-    }
-    return failed;
-}
-
 /* Batches of 64 large writes (or reads) to a victim, hurt while they run:
  * they FAIL with FERRY_ERR_PEER_FAILED within the bound, and another peer
  * still works. */
@@ -396,7 +378,7 @@ static void check_failure_within_bound(const char *provider, int sig, ferry_opco
     cr_assert_neq(status, FERRY_OK, "requests cannot keep succeeding once the peer is gone");
     cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
     cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_OFI_TIMEOUT=2 s)", elapsed);
-    cr_assert_gt(count_peer_failed(batch, N), 0);
+    cr_assert_gt(put_get_count_peer_failed(batch, N), 0);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 
     /* Other peers are unaffected. */
@@ -832,7 +814,7 @@ static void victim_among_healthy(const char *provider, int sig)
     double elapsed = wait.done_at - hurt_at;
     cr_assert_neq(wait.status, FERRY_ERR_TIMEOUT, "the victim's requests must FAIL, not hang");
     cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_OFI_TIMEOUT=2 s)", elapsed);
-    int failed = count_peer_failed(victim_batch, N);
+    int failed = put_get_count_peer_failed(victim_batch, N);
     cr_assert_gt(failed, 0);
     cr_assert_eq(ferry_batch_destroy(victim_batch), FERRY_OK);
     fprintf(stderr, "ofi: %s, victim %s: %d of %d failed after %.2f s; %u healthy rounds\n",

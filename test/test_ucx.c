@@ -330,17 +330,7 @@ static void check_failure_within_bound(const char *tls, int sig, int allocated,
     cr_assert_neq(status, FERRY_OK, "writes cannot keep succeeding once the peer is gone");
     cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
     cr_assert_lt(elapsed, 5.0, "failure took %.2f s (bound: FERRY_UCX_TIMEOUT=2 s)", elapsed);
-    int failed = 0;
-    for (int i = 0; i < N; i++) {
-        ferry_xfer_status_t xs;
-        cr_assert_eq(ferry_batch_status(batch, (size_t)i, &xs), FERRY_OK);
-        cr_assert(xs.state == FERRY_XFER_COMPLETED || xs.state == FERRY_XFER_FAILED);
-        if (xs.state == FERRY_XFER_FAILED) {
-            failed++;
-            cr_assert_eq(xs.error, FERRY_ERR_PEER_FAILED, "request %d: %s", i,
-                         ferry_status_string(xs.error));
-        }
-    }
+    int failed = put_get_count_peer_failed(batch, N);
     cr_assert_gt(failed, 0);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
 
