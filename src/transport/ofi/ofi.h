@@ -126,7 +126,9 @@ typedef struct ferry_ofi_settings {
     char *progress;      /* PROGRESS: wait | poll */
     unsigned nap_us;     /* NAP */
     unsigned spin_us;    /* SPIN */
-    unsigned fd_spin_us; /* FD_SPIN */
+    char *fd_spin;       /* FD_SPIN: "auto" or microseconds */
+    unsigned fd_spin_us; /* FD_SPIN as a number (not auto) */
+    int fd_spin_auto;    /* FD_SPIN=auto: ofi_context.c, fd_spin_window */
     int hmem;            /* HMEM */
 } ferry_ofi_settings_t;
 

@@ -17,6 +17,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
@@ -392,7 +393,100 @@ typedef struct pace {
     uint64_t last_event_us; /* the last completion, RMA served or wakeup */
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
     unsigned empty_spins;   /* empty looks in a spin window */
+    /* FERRY_OFI_FD_SPIN=auto (fd_spin_window) */
+    unsigned auto_spin_us;  /* the window where spinning pays: 0 on fewer than 2 CPUs */
+    long host_cpus;         /* online CPUs of the host */
+    uint64_t load_look_us;  /* the last look at the host's runnable threads */
+    unsigned crowded_looks; /* consecutive looks that found more runnable threads than CPUs */
 } pace_t;
+
+/* FERRY_OFI_FD_SPIN=auto: the window after each event.  An 8 B write over
+ * tcp;ofi_rxm sees the next request of a stream within ~10-40 us; 200 us
+ * covers that with room for a slow round, and costs an engine that gets one
+ * request per millisecond a fifth of a core (measurements:
+ * doc/performance.md, "ofi, fourth round"). */
+#define AUTO_FD_SPIN_US 200
+/* How often auto looks at the host's runnable threads, and how many looks
+ * in a row must find the host crowded before it stops spinning (one busy
+ * moment, a compiler starting, is not a crowd). */
+#define LOAD_LOOK_US 100000
+#define CROWDED_LOOKS 2
+
+/* The CPUs this process may run on (sched_getaffinity), at least 1. */
+static unsigned process_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0)
+        return 1;
+    int count = CPU_COUNT(&set);
+    return count > 0 ? (unsigned)count : 1;
+}
+
+/* The host's runnable threads now (the fourth field of /proc/loadavg,
+ * "running/total", this thread included), or -1 when it cannot be read. */
+static long host_runnable(void)
+{
+    char text[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t length = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (length <= 0)
+        return -1;
+    text[length] = '\0';
+    char *field = text;
+    for (int i = 0; i < 3 && field != NULL; i++) {
+        field = strchr(field, ' ');
+        if (field != NULL)
+            field++;
+    }
+    if (field == NULL)
+        return -1;
+    char *end = NULL;
+    long running = strtol(field, &end, 10);
+    return end != field && *end == '/' ? running : -1;
+}
+
+/* How long to keep polling after an event on a provider with a wait fd.
+ * A number: that.  auto: spinning takes the target's wakeup out of each
+ * request (most of rxm's 8 B latency over the bare loop's), but where it
+ * takes a core another thread needs it makes every request slower (80 us
+ * against 45 us on a loaded 2-core host): so none on a process confined
+ * to one CPU, and none while the host has more runnable threads than CPUs
+ * (looked at every 100 ms, only while a window is open, so an idle engine
+ * reads nothing). */
+static unsigned fd_spin_window(const ferry_ofi_t *ofi, pace_t *pace, uint64_t now)
+{
+    if (!ofi->settings.fd_spin_auto)
+        return ofi->settings.fd_spin_us;
+    if (pace->auto_spin_us == 0 || now - pace->last_event_us >= pace->auto_spin_us)
+        return pace->auto_spin_us;
+    if (now - pace->load_look_us >= LOAD_LOOK_US) {
+        pace->load_look_us = now;
+        long running = host_runnable();
+        if (running > pace->host_cpus)
+            pace->crowded_looks++;
+        else
+            pace->crowded_looks = 0;
+    }
+    return pace->crowded_looks >= CROWDED_LOOKS ? 0 : pace->auto_spin_us;
+}
+
+static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
+{
+    *pace = (pace_t){.last_event_us = ferry_ofi_time_us()};
+    if (!ofi->settings.fd_spin_auto || ofi->target_fd < 0)
+        return;
+    unsigned cpus = process_cpus();
+    pace->host_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (pace->host_cpus < 1)
+        pace->host_cpus = 1;
+    pace->auto_spin_us = cpus >= 2 ? AUTO_FD_SPIN_US : 0;
+    ferry_debug("ofi: FERRY_OFI_FD_SPIN=auto: %u us after each event (%u CPUs for the process, "
+                "%ld on the host; none while the host has more runnable threads)",
+                pace->auto_spin_us, cpus, pace->host_cpus);
+}
 
 /* An empty look inside a spin window: the core is yielded on every
  * FERRY_OFI_YIELD_EVERY-th only.  A sched_yield on each look made the
@@ -422,12 +516,10 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
     }
     uint64_t now = ferry_ofi_time_us();
     if (!busy && ofi->target_fd >= 0) {
-        /* FD_SPIN is 0 by default: on this shared 2-core host, spinning
-         * after each event made an 8 B write over tcp;ofi_rxm take 80 us
-         * with sched_yield and 0.3-2 ms without, against ~45 us sleeping
-         * on the fd; where a core is free it takes the target thread's
-         * wakeup out of each request (doc/performance.md, third round) */
-        if (now - pace->last_event_us < ofi->settings.fd_spin_us) {
+        /* where a core is free, spinning takes the target thread's wakeup
+         * out of each request; where none is, it slows every request
+         * (fd_spin_window) */
+        if (now - pace->last_event_us < fd_spin_window(ofi, pace, now)) {
             spin_look(pace);
             return;
         }
@@ -456,7 +548,8 @@ static void *progress_thread(void *arg)
     ferry_ofi_t *ofi = arg;
     uint64_t seen_polls = 0, seen_leaves = 0, last_sweep = ferry_ofi_time_ms();
     unsigned off_us = 0;
-    pace_t pace = {.last_event_us = ferry_ofi_time_us()};
+    pace_t pace;
+    pace_init(ofi, &pace);
     /* naps of a few microseconds mean what they say (the default slack is
      * 50 us) */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);

@@ -50,12 +50,13 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
             spin_us, FERRY_SETTING_UINT),
     SETTING("HMEM", "n", "ask the provider for FI_HMEM, so that cuda:N and rocm:N buffers get "
             "keys (untested: no provider here offers it)", hmem, FERRY_SETTING_BOOL),
-    SETTING("FD_SPIN", "0", "PROGRESS=wait on a provider with a wait fd (tcp;ofi_rxm): "
+    SETTING("FD_SPIN", "auto", "PROGRESS=wait on a provider with a wait fd (tcp;ofi_rxm): "
             "microseconds the progress thread keeps polling after the fd woke it (a peer's "
             "RMA) or after its last completion, before it sleeps on the fd again; an 8 B write "
             "to such a target then waits for no thread wakeup (0: sleep at once; a core while "
-            "requests keep coming)",
-            fd_spin_us, FERRY_SETTING_UINT),
+            "requests keep coming); auto: 200 where the process may run on 2 or more CPUs and "
+            "the host has no more runnable threads than CPUs, else 0",
+            fd_spin, FERRY_SETTING_STRING),
 };
 const size_t ferry_ofi_settings_count = FERRY_OFI_ARRAY_SIZE(ferry_ofi_settings_table);
 
@@ -177,9 +178,17 @@ static ferry_status_t parse_settings(ferry_ofi_t *ofi)
         ferry_error("FERRY_OFI_SPIN=%u is above 1 s", s->spin_us);
         return FERRY_ERR_INVALID_PARAM;
     }
-    if (s->fd_spin_us > 1000000) {
-        ferry_error("FERRY_OFI_FD_SPIN=%u is above 1 s", s->fd_spin_us);
-        return FERRY_ERR_INVALID_PARAM;
+    if (strcasecmp(s->fd_spin, "auto") == 0) {
+        ofi->settings.fd_spin_auto = 1;
+    } else {
+        char *end = NULL;
+        unsigned long us = strtoul(s->fd_spin, &end, 10);
+        if (end == s->fd_spin || *end != '\0' || s->fd_spin[0] == '-' || us > 1000000) {
+            ferry_error("FERRY_OFI_FD_SPIN=%s is neither auto nor microseconds up to 1000000",
+                        s->fd_spin);
+            return FERRY_ERR_INVALID_PARAM;
+        }
+        ofi->settings.fd_spin_us = (unsigned)us;
     }
     if (s->nap_us > 1000000) {
         ferry_error("FERRY_OFI_NAP=%u is above 1 s", s->nap_us);
