@@ -391,6 +391,12 @@ static int sleep_on_fd(ferry_ofi_t *ofi, int timeout_ms)
 /* The thread's state between looks. */
 typedef struct pace {
     uint64_t last_event_us; /* the last completion, RMA served or wakeup */
+    /* The last event of the thread's own: a completion or target CQ entry
+     * it read, or the target CQ's fd waking it (a peer's RMA).  Not the end
+     * of a nap while callers poll: the caller drives its own requests, and
+     * a thread spinning beside it (as well as the target's thread) wanted
+     * three cores for one request on two. */
+    uint64_t last_own_event_us;
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
     unsigned empty_spins;   /* empty looks in a spin window */
     /* FERRY_OFI_FD_SPIN=auto (fd_spin_window) */
@@ -400,12 +406,17 @@ typedef struct pace {
     unsigned crowded_looks; /* consecutive looks that found more runnable threads than CPUs */
 } pace_t;
 
-/* FERRY_OFI_FD_SPIN=auto: the window after each event.  An 8 B write over
- * tcp;ofi_rxm sees the next request of a stream within ~10-40 us; 200 us
- * covers that with room for a slow round, and costs an engine that gets one
- * request per millisecond a fifth of a core (measurements:
- * doc/performance.md, "ofi, fourth round"). */
+/* FERRY_OFI_FD_SPIN=auto: the window after each event starts at 200 us
+ * and doubles, up to 1.6 ms, each time the fd woke the thread sooner after
+ * the window closed than the window's length (requests keep coming: the
+ * RMA a spinning target serves leaves no CQ entry, so a window counts from
+ * the fd's last wakeup, and a stream paid a wakeup per window); it halves
+ * back to 200 us each time the thread slept longer.  An 8 B write over
+ * tcp;ofi_rxm sees the next request of a stream within ~10-40 us; an
+ * engine that gets one request per millisecond spends at most a fifth of
+ * a core on it (measurements: doc/performance.md, "ofi, fourth round"). */
 #define AUTO_FD_SPIN_US 200
+#define AUTO_FD_SPIN_MAX_US 1600
 /* How often auto looks at the host's runnable threads, and how many looks
  * in a row must find the host crowded before it stops spinning (one busy
  * moment, a compiler starting, is not a crowd). */
@@ -460,7 +471,7 @@ static unsigned fd_spin_window(const ferry_ofi_t *ofi, pace_t *pace, uint64_t no
 {
     if (!ofi->settings.fd_spin_auto)
         return ofi->settings.fd_spin_us;
-    if (pace->auto_spin_us == 0 || now - pace->last_event_us >= pace->auto_spin_us)
+    if (pace->auto_spin_us == 0 || now - pace->last_own_event_us >= pace->auto_spin_us)
         return pace->auto_spin_us;
     if (now - pace->load_look_us >= LOAD_LOOK_US) {
         pace->load_look_us = now;
@@ -473,6 +484,20 @@ static unsigned fd_spin_window(const ferry_ofi_t *ofi, pace_t *pace, uint64_t no
     return pace->crowded_looks >= CROWDED_LOOKS ? 0 : pace->auto_spin_us;
 }
 
+/* auto: after a sleep on the fd that lasted slept_us (woke: a peer's RMA
+ * ended it), widen the window when polling a little longer would have
+ * caught that RMA, narrow it when the engine was idle for longer. */
+static void adapt_fd_spin(pace_t *pace, int woke, uint64_t slept_us)
+{
+    if (pace->auto_spin_us == 0)
+        return;
+    if (woke && slept_us < pace->auto_spin_us)
+        pace->auto_spin_us = FERRY_OFI_MIN(pace->auto_spin_us * 2, AUTO_FD_SPIN_MAX_US);
+    else if (slept_us >= pace->auto_spin_us)
+        pace->auto_spin_us = pace->auto_spin_us / 2 > AUTO_FD_SPIN_US ? pace->auto_spin_us / 2
+                                                                     : AUTO_FD_SPIN_US;
+}
+
 static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
 {
     *pace = (pace_t){.last_event_us = ferry_ofi_time_us()};
@@ -483,7 +508,8 @@ static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
     if (pace->host_cpus < 1)
         pace->host_cpus = 1;
     pace->auto_spin_us = cpus >= 2 ? AUTO_FD_SPIN_US : 0;
-    ferry_debug("ofi: FERRY_OFI_FD_SPIN=auto: %u us after each event (%u CPUs for the process, "
+    ferry_debug("ofi: FERRY_OFI_FD_SPIN=auto: %u us or more after each event (%u CPUs for the "
+                "process, "
                 "%ld on the host; none while the host has more runnable threads)",
                 pace->auto_spin_us, cpus, pace->host_cpus);
 }
@@ -519,13 +545,17 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         /* where a core is free, spinning takes the target thread's wakeup
          * out of each request; where none is, it slows every request
          * (fd_spin_window) */
-        if (now - pace->last_event_us < fd_spin_window(ofi, pace, now)) {
+        if (now - pace->last_own_event_us < fd_spin_window(ofi, pace, now)) {
             spin_look(pace);
             return;
         }
         unsigned timeout = ofi->settings.timeout_ms / 4;
-        if (sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout))
-            pace->last_event_us = ferry_ofi_time_us();
+        int woke = sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
+        uint64_t after = ferry_ofi_time_us();
+        if (woke)
+            pace->last_event_us = pace->last_own_event_us = after;
+        if (ofi->settings.fd_spin_auto)
+            adapt_fd_spin(pace, woke, after - now);
         pace->nap_us = 0;
         return;
     }
@@ -581,7 +611,7 @@ static void *progress_thread(void *arg)
         }
         off_us = 0;
         if (progress_all(ofi) != 0) {
-            pace.last_event_us = ferry_ofi_time_us();
+            pace.last_event_us = pace.last_own_event_us = ferry_ofi_time_us();
             pace.nap_us = 0;
             continue;
         }
