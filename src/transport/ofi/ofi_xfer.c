@@ -217,6 +217,27 @@ static int post(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, fi_addr_t addr, ferry_
  * it is dropped: one lock round trip per run instead of one per op. */
 #define PUMP_RUN 16
 
+/* The first pending op moved to the posted list (caller holds p->lock and
+ * takes it off ofi->pending_ops).  posted + pending stays the same, so
+ * busy_peers and busy are not touched: a pop and a link took an idle
+ * peer's share of busy_peers from 1 to 0 and back, two atomic operations
+ * on a word the progress threads read, for each op of an 8 B write. */
+static ferry_ofi_op_t *pending_to_posted(ferry_ofi_peer_t *p)
+{
+    ferry_ofi_op_t *op = p->pending_head;
+    p->pending_head = op->next;
+    if (p->pending_head == NULL)
+        p->pending_tail = NULL;
+    p->pending--;
+    op->prev = NULL;
+    op->next = p->posted_ops;
+    if (p->posted_ops != NULL)
+        p->posted_ops->prev = op;
+    p->posted_ops = op;
+    p->posted++;
+    return op;
+}
+
 /* After a post of a run failed at run[failed_at]: the ops after it were
  * never posted; back to the front of the pending queue, in order (caller
  * holds p->lock; the peer is OK). */
@@ -268,10 +289,9 @@ unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
         ferry_ofi_op_t *run[PUMP_RUN];
         unsigned n = 0;
         int was_idle = p->posted == 0;
-        while (n < PUMP_RUN && p->pending != 0 && p->posted < ofi->window) {
-            run[n] = ferry_ofi_pending_pop(p);
-            ferry_ofi_posted_link(p, run[n++]);
-        }
+        while (n < PUMP_RUN && p->pending != 0 && p->posted < ofi->window)
+            run[n++] = pending_to_posted(p);
+        atomic_fetch_sub_explicit(&ofi->pending_ops, n, memory_order_release);
         p->attempted = 1;
         fi_addr_t addr = p->addr;
         pthread_mutex_unlock(&p->lock);
