@@ -313,21 +313,27 @@ static unsigned pump_pending(ferry_ofi_t *ofi)
     return events;
 }
 
-/* The lane's CQ, what is pending, then the target's CQ: on each look
- * while nothing is posted, on every FERRY_OFI_TARGET_EVERY-th while ops
- * are posted or pending.  On tcp;ofi_rxm
+/* The lane's CQ on each look while ops are posted or pending; what is
+ * pending and the target's CQ on each look while nothing is posted, on
+ * every FERRY_OFI_TARGET_EVERY-th otherwise.  On tcp;ofi_rxm
  * every CQ read is an epoll_wait of that endpoint's sockets, so reading
  * both CQs on each look of a caller's spin doubled the system calls
  * between a completion and its notice; a peer's RMA to us still waits at
- * most a few looks. */
+ * most a few looks.  A CQ read's completions refill their peers' windows
+ * themselves (lane_progress); the pending lists are looked at for posts
+ * refused (-FI_EAGAIN) or put back by a fence, and a look at them on each
+ * look (the busy list: a lock, an allocation, a reference per peer) was
+ * paid for nothing while full windows kept ops pending (a 64 KiB batch of
+ * 128 through a window of 64: the first half of every batch). */
 static unsigned progress_all(ferry_ofi_t *ofi)
 {
     unsigned events = 0;
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
-        events = ferry_ofi_lane_progress(ofi) + pump_pending(ofi);
+        events = ferry_ofi_lane_progress(ofi);
         unsigned turn = atomic_fetch_add_explicit(&ofi->target_turn, 1, memory_order_relaxed);
         if (turn % FERRY_OFI_TARGET_EVERY != 0)
             return events;
+        events += pump_pending(ofi);
     }
     return events + ferry_ofi_target_progress(ofi);
 }
