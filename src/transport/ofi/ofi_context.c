@@ -553,11 +553,19 @@ static void spin_look(pace_t *pace, uint64_t now)
 static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
 {
     int busy = atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0;
-    if (ofi->poll_mode || (busy && !ofi->target_copies)) {
+    if (ofi->poll_mode) {
         sched_yield();
         return;
     }
     uint64_t now = ferry_ofi_time_us();
+    if (busy && !ofi->target_copies) {
+        /* our CQ reads move the bytes: poll, yielding as in a spin window
+         * (a yield on each empty look put a system call, and wherever
+         * anything else could run a context switch, between the looks that
+         * notice completions) */
+        spin_look(pace, now);
+        return;
+    }
     if (!busy && ofi->target_fd >= 0) {
         /* where a core is free, spinning takes the target thread's wakeup
          * out of each request; where none is, it slows every request
