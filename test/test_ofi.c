@@ -580,6 +580,28 @@ Test(ofi, bad_setting_fails_engine_creation)
     engine = NULL;
 }
 
+/* FERRY_OFI_FD_SPIN takes auto (the default) or microseconds up to 1 s;
+ * anything else fails engine creation. */
+Test(ofi, fd_spin_takes_auto_or_microseconds)
+{
+    skip_unless_built();
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", TCP, 1);
+    const char *good[] = {"auto", "AUTO", "0", "250", "1000000"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        setenv("FERRY_OFI_FD_SPIN", good[i], 1);
+        cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK, "FD_SPIN=%s", good[i]);
+        ferry_engine_destroy(engine);
+        engine = NULL;
+    }
+    const char *bad[] = {"fast", "-1", "1000001", "12us", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        setenv("FERRY_OFI_FD_SPIN", bad[i], 1);
+        cr_assert_neq(ferry_engine_create(NULL, &engine), FERRY_OK, "FD_SPIN=%s", bad[i]);
+        engine = NULL;
+    }
+}
+
 /* A killed process leaves its shm region in /dev/shm, under a name that
  * libfabric 1.17 derives from the pid; the next process given that pid
  * must still start (the module names its endpoints itself). */

@@ -54,8 +54,9 @@ const ferry_setting_t ferry_ofi_settings_table[] = {
             "microseconds the progress thread keeps polling after the fd woke it (a peer's "
             "RMA) or after its last completion, before it sleeps on the fd again; an 8 B write "
             "to such a target then waits for no thread wakeup (0: sleep at once; a core while "
-            "requests keep coming); auto: 200 where the process may run on 2 or more CPUs and "
-            "the host has no more runnable threads than CPUs, else 0",
+            "requests keep coming); auto: 200, widening up to 1600 while requests keep "
+            "waking the fd, where the process may run on 2 or more CPUs and the host has no "
+            "more runnable threads than CPUs; none otherwise",
             fd_spin, FERRY_SETTING_STRING),
 };
 const size_t ferry_ofi_settings_count = FERRY_OFI_ARRAY_SIZE(ferry_ofi_settings_table);
