@@ -68,10 +68,14 @@ uint64_t ferry_ofi_time_us(void)
     return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
 }
 
+/* Deadlines of seconds and the sweep's 10 ms: the coarse clock (the
+ * kernel's tick, 1-4 ms) is plenty, and it is read several times per
+ * operation (a peer's last activity): 5 ns a read here against 22 ns for
+ * CLOCK_MONOTONIC. */
 uint64_t ferry_ofi_time_ms(void)
 {
     struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
     return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
 }
 
