@@ -56,7 +56,6 @@ count() { # who
         function bytes(s) { m = 1; if (s ~ /k$/) m = 1024; if (s ~ /m$/) m = 1048576
                             return (s + 0) * m }
         FILENAME ~ /out$/ && /^RESULT/ {
-            for (i = 1; i <= NF; i++) ;
             n = split($0, f, " ")
             for (i = 1; i <= n; i++) {
                 split(f[i], kv, "=")
