@@ -1,0 +1,377 @@
+/*
+ * The ofi module under the memory-registration modes hardware providers
+ * demand (FI_MR_LOCAL, FI_MR_ENDPOINT, FI_MR_RAW, FI_MR_PROV_KEY, offset
+ * addressing), which Debian's tcp;ofi_rxm and shm never ask for: the
+ * stand-in test/ofi_mr_shim.c makes them ask and enforces each mode, while
+ * the real provider moves the bytes between this process and peer
+ * processes.  This binary links the shim (so the module's fi_getinfo and
+ * fi_fabric are the shim's); the peers get it through LD_PRELOAD.  Each
+ * mode alone and all together, on both providers: write and read 1 B to
+ * 4 MiB, bytes checked; registration while traffic flows; unregister then
+ * write fails; and the cases where the module replaces what an MR is tied
+ * to: a fence replacing the lane (endpoint-bound per-op MRs on the fresh
+ * endpoint) and a restarted target (its raw keys mapped again).
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <ferry/ferry.h>
+#include <glob.h>
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/personality.h>
+#include <unistd.h>
+
+#include "ofi_mr_shim.h"
+#include "one_request.h"
+#include "peer_process.h"
+#include "put_get.h"
+#include "service_process.h"
+#include "test_pattern.h"
+
+#define MIB ((size_t)1 << 20)
+#define TCP "tcp;ofi_rxm"
+#define SHM "shm"
+#define ALL_MODES "local,endpoint,raw,prov_key,offset"
+
+
+static ferry_engine_h engine;
+static pid_t stopped_peer; /* killed by stop() even after a failed assertion */
+static unsigned char *local;
+static const size_t local_size = 40 * MIB;
+
+/* Remove what a killed peer's shm endpoints left in /dev/shm. */
+static void remove_shm_regions_of(pid_t pid)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof(pattern), "/dev/shm/ferry-%ld-*", (long)pid);
+    glob_t found;
+    if (glob(pattern, 0, NULL, &found) != 0)
+        return;
+    for (size_t i = 0; i < found.gl_pathc; i++)
+        unlink(found.gl_pathv[i]);
+    globfree(&found);
+}
+
+static void kill_peer(peer_process_t *peer)
+{
+    pid_t pid = peer->pid;
+    peer_kill(peer, SIGKILL);
+    remove_shm_regions_of(pid);
+}
+
+/* The peers this test starts run under the shim too.  Their ASan runtime
+ * would refuse a library preloaded ahead of it; the shim needs no place
+ * of its own in the order (it finds libfabric by dlopen), so the check is
+ * turned off for them. */
+static void peers_use_the_shim(void)
+{
+    setenv("LD_PRELOAD", FERRY_OFI_MR_SHIM_PATH, 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    char options[1024];
+    snprintf(options, sizeof(options), "%s%sverify_asan_link_order=0", asan ? asan : "",
+             asan && asan[0] ? ":" : "");
+    setenv("ASAN_OPTIONS", options, 1);
+}
+
+static void start_with_timeout(const char *provider, const char *modes, const char *timeout_ms)
+{
+    if (!service_module_built("ofi"))
+        cr_skip_test("the ofi module is not built (libfabric-dev missing)");
+    setenv("FERRY_TEST_OFI_MR_MODE", modes, 1);
+    setenv("FERRY_TRANSPORTS", "ofi", 1);
+    setenv("FERRY_OFI_PROVIDER", provider, 1);
+    setenv("FERRY_OFI_TIMEOUT", timeout_ms, 1);
+    peers_use_the_shim();
+    cr_assert_eq(ferry_engine_create(NULL, &engine), FERRY_OK);
+    cr_assert_eq(posix_memalign((void **)&local, 4096, local_size), 0);
+    memset(local, 1, local_size);
+}
+
+static void start(const char *provider, const char *modes)
+{
+    start_with_timeout(provider, modes, "2000");
+}
+
+static void stop(void)
+{
+    if (stopped_peer > 0) {
+        kill(stopped_peer, SIGKILL);
+        remove_shm_regions_of(stopped_peer);
+    }
+    stopped_peer = 0;
+    if (engine)
+        ferry_engine_destroy(engine);
+    engine = NULL;
+    free(local);
+    local = NULL;
+}
+
+TestSuite(ofi_mr, .fini = stop, .timeout = 60);
+
+/* The shim saw no violation in this process, and saw the mode at work. */
+static void shim_saw(const char *what)
+{
+    cr_assert_eq(ferry_ofi_mr_shim_count("violations"), 0,
+                 "the shim refused something (its stderr lines say what)");
+    cr_assert_gt(ferry_ofi_mr_shim_count("rma"), 0, "nothing went through the shim");
+    if (what != NULL)
+        cr_assert_gt(ferry_ofi_mr_shim_count(what), 0, "the shim never saw '%s' at work", what);
+}
+
+struct registrar {
+    atomic_int stop;
+    int rounds;
+    ferry_status_t status;
+};
+
+/* Registers and unregisters a buffer of its own until told to stop. */
+static void *register_in_a_loop(void *arg)
+{
+    struct registrar *r = arg;
+    unsigned char *buffer = malloc(256 * 1024);
+    while (buffer != NULL && !atomic_load(&r->stop) && r->status == FERRY_OK) {
+        r->status = ferry_register(engine, buffer + (r->rounds % 7) * 4096, 128 * 1024, "cpu", 0);
+        if (r->status == FERRY_OK)
+            r->status = ferry_unregister(engine, buffer + (r->rounds % 7) * 4096);
+        r->rounds++;
+    }
+    free(buffer);
+    return NULL;
+}
+
+/* Writes and reads to the peer (bytes checked) while another thread
+ * registers and unregisters: each such registration is an fi_mr_regattr
+ * (bound and enabled under FI_MR_ENDPOINT) next to operations in flight. */
+static void traffic_while_registering(peer_process_t *peer, ferry_segment_h segment)
+{
+    struct registrar r = {.status = FERRY_OK};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, register_in_a_loop, &r), 0);
+    for (unsigned i = 0; i < 24; i++) {
+        size_t length = 64 * 1024 + i * 4099;
+        test_pattern_fill(local, length, 20 + i);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, peer->arena,
+                                           length, "ofi"),
+                     FERRY_OK);
+        cr_assert_str_eq(peer_cmd(peer, "check 0 %zu %u", length, 20 + i), "OK");
+        memset(local + 8 * MIB, 0, length);
+        cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local + 8 * MIB, segment,
+                                           peer->arena, length, "ofi"),
+                     FERRY_OK);
+        cr_assert_eq(test_pattern_check(local + 8 * MIB, length, 20 + i), SIZE_MAX);
+    }
+    atomic_store(&r.stop, 1);
+    pthread_join(thread, NULL);
+    cr_assert_eq(r.status, FERRY_OK, "registering next to traffic: %s",
+                 ferry_status_string(r.status));
+    cr_assert_gt(r.rounds, 0);
+}
+
+/* Every transfer shape test_ofi checks, under the modes. */
+static void put_get_under(const char *provider, const char *modes, const char *what)
+{
+    start(provider, modes);
+    peer_process_t peer;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
+    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 34 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+    static const size_t sizes[] = {1, 7, 4097, MIB + 3, 4 * MIB};
+    put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]), "ofi");
+    put_get_unregistered(engine, &peer, segment, "ofi");
+    put_get_batch(engine, &peer, segment, local, "ofi");
+    traffic_while_registering(&peer, segment);
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    ferry_segment_close(engine, segment);
+    peer_stop(&peer);
+    put_get_refused_after_unregister(engine, local, "ofi");
+    shim_saw(what);
+}
+
+Test(ofi_mr, local_over_tcp_rxm) { put_get_under(TCP, "local", "local"); }
+Test(ofi_mr, local_over_shm) { put_get_under(SHM, "local", "local"); }
+Test(ofi_mr, endpoint_over_tcp_rxm) { put_get_under(TCP, "endpoint", "bound"); }
+Test(ofi_mr, endpoint_over_shm) { put_get_under(SHM, "endpoint", "bound"); }
+Test(ofi_mr, raw_over_tcp_rxm) { put_get_under(TCP, "raw", "raw"); }
+Test(ofi_mr, raw_over_shm) { put_get_under(SHM, "raw", "raw"); }
+Test(ofi_mr, prov_key_over_tcp_rxm) { put_get_under(TCP, "prov_key", "prov_key"); }
+Test(ofi_mr, prov_key_over_shm) { put_get_under(SHM, "prov_key", "prov_key"); }
+/* tcp;ofi_rxm addresses by offset already: nothing to translate there */
+Test(ofi_mr, offset_over_tcp_rxm) { put_get_under(TCP, "offset", NULL); }
+Test(ofi_mr, offset_over_shm) { put_get_under(SHM, "offset", "offset"); }
+Test(ofi_mr, all_modes_over_tcp_rxm) { put_get_under(TCP, ALL_MODES, "local"); }
+Test(ofi_mr, all_modes_over_shm) { put_get_under(SHM, ALL_MODES, "offset"); }
+
+/* The shim holds the module to the modes: a module that ignored them
+ * would fail above.  This checks the shim itself refuses what is wrong,
+ * without the module: infos of a caller that does not offer a demanded
+ * mode are withheld. */
+Test(ofi_mr, shim_withholds_a_provider_from_a_caller_without_the_mode)
+{
+    if (!service_module_built("ofi"))
+        cr_skip_test("the ofi module is not built (libfabric-dev missing)");
+    setenv("FERRY_TEST_OFI_MR_MODE", "endpoint", 1);
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    cr_assert_not_null(hints);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA;
+    hints->fabric_attr->prov_name = strdup(TCP);
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    int ret = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+    cr_assert_eq(ret, -FI_ENODATA, "an info without FI_MR_ENDPOINT offered (%d)", ret);
+    hints->domain_attr->mr_mode |= FI_MR_ENDPOINT;
+    ret = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+    cr_assert_eq(ret, 0, "%s", fi_strerror(-ret));
+    cr_assert(info->domain_attr->mr_mode & FI_MR_ENDPOINT);
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+}
+
+/* A fence replaces the lane (tcp;ofi_rxm: a frozen victim with writes
+ * posted) while a bystander's writes flow: they go back to pending and
+ * are posted on the fresh endpoint, whose per-op MRs (FI_MR_LOCAL with
+ * FI_MR_ENDPOINT) must be bound to it; later writes use it too. */
+struct bystander_traffic {
+    peer_process_t *peer;
+    ferry_segment_h segment;
+    unsigned char *buffer;
+    atomic_int stop;
+    int writes;
+    ferry_status_t status;
+};
+
+static void *write_to_the_bystander(void *arg)
+{
+    struct bystander_traffic *t = arg;
+    while (!atomic_load(&t->stop) && t->status == FERRY_OK) {
+        t->status = one_request_served_by(engine, FERRY_OP_WRITE, t->buffer, t->segment,
+                                          t->peer->arena, 2 * MIB, "ofi");
+        t->writes++;
+    }
+    return NULL;
+}
+
+static void lane_replaced_under(const char *modes)
+{
+    start(TCP, modes);
+    peer_process_t victim, bystander;
+    ferry_segment_h victim_seg, bystander_seg;
+    cr_assert_eq(peer_start(&victim, NULL), 0);
+    cr_assert_eq(peer_start(&bystander, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", 16 * MIB), "OK");
+    cr_assert_str_eq(peer_cmd(&bystander, "reg 0 %zu", 4 * MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, victim.name, &victim_seg), FERRY_OK);
+    cr_assert_eq(ferry_segment_open(engine, bystander.name, &bystander_seg), FERRY_OK);
+    cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
+
+    unsigned char *plain = malloc(2 * MIB); /* not registered: per-op MRs */
+    cr_assert_not_null(plain);
+    test_pattern_fill(plain, 2 * MIB, 31);
+    struct bystander_traffic t = {.peer = &bystander, .segment = bystander_seg,
+                                  .buffer = plain, .status = FERRY_OK};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, write_to_the_bystander, &t), 0);
+
+    enum { N = 16 };
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE, .local = local,
+                                    .target = victim_seg, .target_offset = victim.arena,
+                                    .length = 16 * MIB};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, N, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, reqs, N), FERRY_OK);
+    usleep(20 * 1000);
+    stopped_peer = victim.pid;
+    kill(victim.pid, SIGSTOP);
+    ferry_status_t status = ferry_batch_wait(batch, 20000);
+    cr_assert_neq(status, FERRY_ERR_TIMEOUT, "requests must FAIL, not hang");
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+
+    usleep(200 * 1000); /* the bystander's writes go on past the fence */
+    atomic_store(&t.stop, 1);
+    pthread_join(thread, NULL);
+    cr_assert_eq(t.status, FERRY_OK, "bystander write %d: %s", t.writes,
+                 ferry_status_string(t.status));
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 31", 2 * MIB), "OK");
+    test_pattern_fill(local, 4 * MIB, 32);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, bystander_seg,
+                                       bystander.arena, 4 * MIB, "ofi"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&bystander, "check 0 %zu 32", 4 * MIB), "OK");
+    free(plain);
+
+    kill(victim.pid, SIGKILL);
+    kill_peer(&victim);
+    stopped_peer = 0;
+    ferry_segment_close(engine, victim_seg);
+    ferry_segment_close(engine, bystander_seg);
+    peer_stop(&bystander);
+    cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
+    shim_saw(NULL);
+}
+
+Test(ofi_mr, lane_replaced_while_a_bystander_writes_local_endpoint)
+{
+    lane_replaced_under("local,endpoint");
+}
+
+Test(ofi_mr, lane_replaced_while_a_bystander_writes_all_modes)
+{
+    lane_replaced_under(ALL_MODES);
+}
+
+/* The target dies and starts again at the same place: its new
+ * registrations have new keys (raw bytes to map again, keys the provider
+ * picked anew); the engine reaches the new incarnation. */
+static void restarted_target_under(const char *provider, const char *modes)
+{
+    personality(ADDR_NO_RANDOMIZE);
+    start_with_timeout(provider, modes, "30000");
+    peer_process_t first, second;
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(&first, NULL), 0);
+    cr_assert_str_eq(peer_cmd(&first, "reg 0 %zu", MIB), "OK");
+    cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
+    test_pattern_fill(local, MIB, 1);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB,
+                                       "ofi"),
+                 FERRY_OK);
+    kill_peer(&first);
+    char address[64];
+    snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
+    const char *env[] = {address, NULL};
+    cr_assert_eq(peer_start(&second, env), 0);
+    cr_assert_str_eq(second.name, first.name, "the restarted peer keeps its name");
+    cr_assert_str_eq(peer_cmd(&second, "reg 0 %zu", MIB), "OK");
+    test_pattern_fill(local, MIB, 2);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, second.arena, MIB,
+                                       "ofi"),
+                 FERRY_OK);
+    cr_assert_str_eq(peer_cmd(&second, "check 0 %zu 2", MIB), "OK");
+    memset(local, 0, MIB);
+    cr_assert_eq(one_request_served_by(engine, FERRY_OP_READ, local, segment, second.arena, MIB,
+                                       "ofi"),
+                 FERRY_OK);
+    cr_assert_eq(test_pattern_check(local, MIB, 2), SIZE_MAX);
+    ferry_segment_close(engine, segment);
+    peer_stop(&second);
+    shim_saw(NULL);
+}
+
+Test(ofi_mr, restarted_target_all_modes_over_tcp_rxm)
+{
+    restarted_target_under(TCP, ALL_MODES);
+}
+
+Test(ofi_mr, restarted_target_all_modes_over_shm)
+{
+    restarted_target_under(SHM, ALL_MODES);
+}
