@@ -42,7 +42,9 @@
  * wrapper owns its real object and closes it in its close; a domain
  * outlives its endpoints and MRs (the caller's order, as libfabric's).
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <pthread.h>
 #include <rdma/fabric.h>
@@ -172,6 +174,16 @@ static void *real_symbol(const char *name)
     return fn;
 }
 
+/* Whether the call comes from libfabric itself: ofi_rxm opens its core
+ * provider (tcp) through fi_getinfo and fi_fabric, which reach the shim
+ * too; those are the real provider's business and pass untouched. */
+static int called_by_libfabric(const void *caller)
+{
+    Dl_info where;
+    return dladdr(caller, &where) != 0 && where.dli_fname != NULL &&
+           strstr(where.dli_fname, "libfabric.so") != NULL;
+}
+
 SHIM_EXPORT int fi_getinfo(uint32_t version, const char *node, const char *service,
                            uint64_t flags, const struct fi_info *hints, struct fi_info **info)
 {
@@ -181,7 +193,7 @@ SHIM_EXPORT int fi_getinfo(uint32_t version, const char *node, const char *servi
     int ret = real(version, node, service, flags, hints, info);
     int offset;
     int add = demanded_mode(&offset);
-    if (ret != 0 || (add == 0 && !offset))
+    if (ret != 0 || (add == 0 && !offset) || called_by_libfabric(__builtin_return_address(0)))
         return ret;
     int honoured = hints != NULL && hints->domain_attr != NULL ? hints->domain_attr->mr_mode : 0;
     struct fi_info **link = info;
@@ -312,6 +324,7 @@ static struct fi_ops fabric_fid_ops = {
 
 static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
                        struct fid_domain **domain_p, void *context);
+static struct fi_ops ep_fid_ops;
 
 static int domain2_open(struct fid_fabric *fabric, struct fi_info *info,
                         struct fid_domain **domain_p, uint64_t flags, void *context)
@@ -363,6 +376,8 @@ SHIM_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabri
     fabric_fn real = (fabric_fn)real_symbol("fi_fabric");
     if (real == NULL)
         return -FI_ENOSYS;
+    if (called_by_libfabric(__builtin_return_address(0)))
+        return real(attr, fabric_p, context);
     shim_fabric_t *f = calloc(1, sizeof(*f));
     if (f == NULL)
         return -FI_ENOMEM;
@@ -869,12 +884,14 @@ static int no_rx_ctx(struct fid_ep *sep, int index, struct fi_rx_attr *attr,
 
 static ssize_t ep_rx_size_left(struct fid_ep *ep)
 {
-    return fi_rx_size_left(((shim_ep_t *)ep)->real);
+    struct fid_ep *real = ((shim_ep_t *)ep)->real;
+    return real->ops->rx_size_left(real);
 }
 
 static ssize_t ep_tx_size_left(struct fid_ep *ep)
 {
-    return fi_tx_size_left(((shim_ep_t *)ep)->real);
+    struct fid_ep *real = ((shim_ep_t *)ep)->real;
+    return real->ops->tx_size_left(real);
 }
 
 static struct fi_ops_ep ep_ops = {

@@ -12,7 +12,9 @@
  * to: a fence replacing the lane (endpoint-bound per-op MRs on the fresh
  * endpoint) and a restarted target (its raw keys mapped again).
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <criterion/criterion.h>
 #include <ferry/ferry.h>
 #include <glob.h>
