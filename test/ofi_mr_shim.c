@@ -62,12 +62,12 @@
 
 #include "ofi_mr_shim.h"
 
-#define SHIM_EXPORT __attribute__((visibility("default")))
-#define RAW_MAGIC "FMRSHIM1"
-#define RAW_SIZE 24                     /* magic, real key, registered start */
-#define MAPPED_KEY_TAG (0xb5ULL << 56)  /* keys fi_mr_map_raw hands out */
-#define ADDRESS_BITS 48                 /* user addresses on x86-64 and arm64 */
-#define ADDRESS_MASK ((1ULL << ADDRESS_BITS) - 1)
+#define SHIM_EXPORT    __attribute__((visibility("default")))
+#define RAW_MAGIC      "FMRSHIM1"
+#define RAW_SIZE       24              /* magic, real key, registered start */
+#define MAPPED_KEY_TAG (0xb5ULL << 56) /* keys fi_mr_map_raw hands out */
+#define ADDRESS_BITS   48              /* user addresses on x86-64 and arm64 */
+#define ADDRESS_MASK   ((1ULL << ADDRESS_BITS) - 1)
 
 /* What the shim saw, for tests (ferry_ofi_mr_shim_count). */
 static atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets,
@@ -154,8 +154,8 @@ static int demanded_mode(int *offset_p)
 
 /* ---- the interposed entry points ---- */
 
-typedef int (*getinfo_fn)(uint32_t, const char *, const char *, uint64_t,
-                          const struct fi_info *, struct fi_info **);
+typedef int (*getinfo_fn)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
+                          struct fi_info **);
 typedef int (*fabric_fn)(struct fi_fabric_attr *, struct fid_fabric **, void *);
 
 /* libfabric's own: after the shim in the global scope, or (the module
@@ -184,8 +184,8 @@ static int called_by_libfabric(const void *caller)
            strstr(where.dli_fname, "libfabric.so") != NULL;
 }
 
-SHIM_EXPORT int fi_getinfo(uint32_t version, const char *node, const char *service,
-                           uint64_t flags, const struct fi_info *hints, struct fi_info **info)
+SHIM_EXPORT int fi_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                           const struct fi_info *hints, struct fi_info **info)
 {
     getinfo_fn real = (getinfo_fn)real_symbol("fi_getinfo");
     if (real == NULL)
@@ -241,13 +241,13 @@ typedef struct shim_ep {
 
 typedef struct shim_mr {
     struct fid_mr mr;
-    struct fid_mr *real;  /* NULL under FI_MR_ENDPOINT until enabled, or killed */
+    struct fid_mr *real; /* NULL under FI_MR_ENDPOINT until enabled, or killed */
     shim_domain_t *domain;
     uintptr_t start;
     size_t length;
     uint64_t access;
-    uint64_t key;         /* the key peers use (real key: the same value) */
-    uint64_t bound_ep;    /* serial, 0: none */
+    uint64_t key;      /* the key peers use (real key: the same value) */
+    uint64_t bound_ep; /* serial, 0: none */
     int enabled;
     int killed;           /* its endpoint closed */
     struct shim_mr *next; /* domain->mrs */
@@ -263,10 +263,10 @@ typedef struct raw_mapping {
 struct shim_domain {
     struct fid_domain domain;
     struct fid_domain *real;
-    int mode;        /* what the caller was told */
-    int real_mode;   /* what the provider wants */
+    int mode;             /* what the caller was told */
+    int real_mode;        /* what the provider wants */
     pthread_mutex_t lock; /* mrs, mappings, serials */
-    shim_mr_t *mrs;  /* live MRs: a desc is one of them or nothing */
+    shim_mr_t *mrs;       /* live MRs: a desc is one of them or nothing */
     raw_mapping_t *mappings;
     uint64_t next_serial;
     uint64_t next_prov_key;
@@ -332,15 +332,15 @@ static int domain2_open(struct fid_fabric *fabric, struct fi_info *info,
     return flags == 0 ? domain_open(fabric, info, domain_p, context) : -FI_ENOSYS;
 }
 
-static int fabric_passive_ep(struct fid_fabric *fabric, struct fi_info *info,
-                             struct fid_pep **pep, void *context)
+static int fabric_passive_ep(struct fid_fabric *fabric, struct fi_info *info, struct fid_pep **pep,
+                             void *context)
 {
     shim_fabric_t *f = (shim_fabric_t *)fabric;
     return fi_passive_ep(f->real, info, pep, context);
 }
 
-static int fabric_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
-                          struct fid_eq **eq, void *context)
+static int fabric_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_eq **eq,
+                          void *context)
 {
     shim_fabric_t *f = (shim_fabric_t *)fabric;
     return fi_eq_open(f->real, attr, eq, context);
@@ -370,8 +370,7 @@ static struct fi_ops_fabric fabric_ops = {
     .domain2 = domain2_open,
 };
 
-SHIM_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric_p,
-                          void *context)
+SHIM_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric_p, void *context)
 {
     fabric_fn real = (fabric_fn)real_symbol("fi_fabric");
     if (real == NULL)
@@ -508,14 +507,14 @@ static struct fi_ops domain_fid_ops = {
     .ops_set = no_ops_set,
 };
 
-static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
-                          struct fid_av **av, void *context)
+static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
+                          void *context)
 {
     return fi_av_open(((shim_domain_t *)domain)->real, attr, av, context);
 }
 
-static int domain_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
-                          struct fid_cq **cq, void *context)
+static int domain_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **cq,
+                          void *context)
 {
     return fi_cq_open(((shim_domain_t *)domain)->real, attr, cq, context);
 }
@@ -596,23 +595,28 @@ static struct fi_ops_domain domain_ops = {
 static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
                       struct fid_mr **mr_p);
 
-static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
-                  uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr_p,
-                  void *context)
+static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset,
+                  uint64_t requested_key, uint64_t flags, struct fid_mr **mr_p, void *context)
 {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = access,
-                              .offset = offset, .requested_key = requested_key,
+    struct fi_mr_attr attr = {.mr_iov = &iov,
+                              .iov_count = 1,
+                              .access = access,
+                              .offset = offset,
+                              .requested_key = requested_key,
                               .context = context};
     return mr_regattr(fid, &attr, flags, mr_p);
 }
 
 static int mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_t access,
-                   uint64_t offset, uint64_t requested_key, uint64_t flags,
-                   struct fid_mr **mr_p, void *context)
+                   uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr_p,
+                   void *context)
 {
-    struct fi_mr_attr attr = {.mr_iov = iov, .iov_count = count, .access = access,
-                              .offset = offset, .requested_key = requested_key,
+    struct fi_mr_attr attr = {.mr_iov = iov,
+                              .iov_count = count,
+                              .access = access,
+                              .offset = offset,
+                              .requested_key = requested_key,
                               .context = context};
     return mr_regattr(fid, &attr, flags, mr_p);
 }
@@ -629,13 +633,15 @@ static struct fi_ops_mr domain_mr_ops = {
 static int mr_make_real(shim_mr_t *m)
 {
     struct iovec iov = {.iov_base = (void *)m->start, .iov_len = m->length};
-    struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = m->access,
-                              .requested_key = m->key};
-    int ret = fi_mr_regattr(m->domain->real, &attr, 0, &m->real);
-    if (ret != 0) {
-        m->real = NULL;
+    struct fi_mr_attr attr = {
+        .mr_iov = &iov, .iov_count = 1, .access = m->access, .requested_key = m->key};
+    struct fid_mr *real = NULL;
+    int ret = fi_mr_regattr(m->domain->real, &attr, 0, &real);
+    if (ret != 0)
         return ret;
-    }
+    pthread_mutex_lock(&m->domain->lock); /* other threads' posts look at m->real */
+    m->real = real;
+    pthread_mutex_unlock(&m->domain->lock);
     m->mr.key = (m->domain->mode & FI_MR_RAW) ? FI_KEY_NOTAVAIL : m->key;
     m->mr.mem_desc = m;
     return 0;
@@ -651,8 +657,9 @@ static int mr_close(struct fid *fid)
         link = &(*link)->next;
     if (*link != NULL)
         *link = m->next;
+    struct fid_mr *real = m->real; /* unlinked: no post finds it any more */
     pthread_mutex_unlock(&d->lock);
-    int ret = m->real != NULL ? fi_close(&m->real->fid) : 0;
+    int ret = real != NULL ? fi_close(&real->fid) : 0;
     free(m);
     return ret;
 }
@@ -674,7 +681,9 @@ static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
         violation("fi_mr_bind: an endpoint of another domain");
         return -FI_EINVAL;
     }
+    pthread_mutex_lock(&m->domain->lock);
     m->bound_ep = ep->serial;
+    pthread_mutex_unlock(&m->domain->lock);
     atomic_fetch_add(&count_bound, 1);
     return 0;
 }
@@ -836,8 +845,7 @@ static int ep_control(struct fid *fid, int command, void *arg)
     return ep->real->fid.ops->control(&ep->real->fid, command, arg);
 }
 
-static int ep_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops,
-                       void *context)
+static int ep_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops, void *context)
 {
     shim_ep_t *ep = (shim_ep_t *)fid;
     return ep->real->fid.ops->ops_open(&ep->real->fid, name, flags, ops, context);
@@ -868,15 +876,15 @@ static int ep_setopt(fid_t fid, int level, int optname, const void *optval, size
     return fi_setopt(&((shim_ep_t *)fid)->real->fid, level, optname, optval, optlen);
 }
 
-static int no_tx_ctx(struct fid_ep *sep, int index, struct fi_tx_attr *attr,
-                     struct fid_ep **tx_ep, void *context)
+static int no_tx_ctx(struct fid_ep *sep, int index, struct fi_tx_attr *attr, struct fid_ep **tx_ep,
+                     void *context)
 {
     (void)sep, (void)index, (void)attr, (void)tx_ep, (void)context;
     return -FI_ENOSYS;
 }
 
-static int no_rx_ctx(struct fid_ep *sep, int index, struct fi_rx_attr *attr,
-                     struct fid_ep **rx_ep, void *context)
+static int no_rx_ctx(struct fid_ep *sep, int index, struct fi_rx_attr *attr, struct fid_ep **rx_ep,
+                     void *context)
 {
     (void)sep, (void)index, (void)attr, (void)rx_ep, (void)context;
     return -FI_ENOSYS;
@@ -1051,8 +1059,7 @@ static int remote_iov(shim_domain_t *d, const struct fi_rma_iov *iov, const char
 
 #define MAX_IOV 4
 
-static ssize_t rma_msg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_t flags,
-                       int write)
+static ssize_t rma_msg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_t flags, int write)
 {
     shim_ep_t *ep = (shim_ep_t *)fep;
     shim_domain_t *d = ep->domain;
@@ -1095,18 +1102,28 @@ static ssize_t ep_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_
 {
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct fi_rma_iov rma = {.addr = addr, .len = len, .key = key};
-    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = src,
-                             .rma_iov = &rma, .rma_iov_count = 1, .context = context};
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = src,
+                             .rma_iov = &rma,
+                             .rma_iov_count = 1,
+                             .context = context};
     return rma_msg(ep, &msg, FI_COMPLETION, 0);
 }
 
-static ssize_t ep_write(struct fid_ep *ep, const void *buf, size_t len, void *desc,
-                        fi_addr_t dest, uint64_t addr, uint64_t key, void *context)
+static ssize_t ep_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                        uint64_t addr, uint64_t key, void *context)
 {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct fi_rma_iov rma = {.addr = addr, .len = len, .key = key};
-    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest,
-                             .rma_iov = &rma, .rma_iov_count = 1, .context = context};
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = dest,
+                             .rma_iov = &rma,
+                             .rma_iov_count = 1,
+                             .context = context};
     return rma_msg(ep, &msg, FI_COMPLETION, 1);
 }
 
@@ -1207,9 +1224,9 @@ SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
     static const struct {
         const char *name;
         atomic_ulong *count;
-    } counts[] = {{"local", &count_local_checked}, {"bound", &count_bound},
-                  {"raw", &count_raw_mapped},      {"offset", &count_offsets},
-                  {"prov_key", &count_prov_keys},  {"rma", &count_rma},
+    } counts[] = {{"local", &count_local_checked},  {"bound", &count_bound},
+                  {"raw", &count_raw_mapped},       {"offset", &count_offsets},
+                  {"prov_key", &count_prov_keys},   {"rma", &count_rma},
                   {"violations", &count_violations}};
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
         if (strcmp(counts[i].name, what) == 0)
