@@ -25,7 +25,8 @@
  *             learns it from the key, so there offset implies prov_key
  *             (unless raw, whose bytes carry it).
  * A violation fails the operation with -FI_EINVAL and logs one line
- * ("ofi-mr-shim: ...") on stderr.  What the shim saw is counted
+ * ("ofi-mr-shim: ...") on stderr, and in FERRY_TEST_OFI_MR_VIOLATIONS/<pid>
+ * where that folder is set (the test's view of its peers).  What the shim saw is counted
  * (ferry_ofi_mr_shim_count) so that a test can tell the modes were used.
  *
  * Why a preloaded library and not an external provider (FI_PROVIDER_PATH):
@@ -59,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ofi_mr_shim.h"
 
@@ -122,6 +124,17 @@ static void violation(const char *fmt, ...)
     vsnprintf(line, sizeof(line), fmt, args);
     va_end(args);
     fprintf(stderr, "ofi-mr-shim: %s\n", line);
+    /* Peers' stderr is nobody's to read: the test reads this folder. */
+    const char *folder = getenv("FERRY_TEST_OFI_MR_VIOLATIONS");
+    if (folder == NULL || folder[0] == '\0')
+        return;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%ld", folder, (long)getpid());
+    FILE *file = fopen(path, "a");
+    if (file != NULL) {
+        fprintf(file, "%s\n", line);
+        fclose(file);
+    }
 }
 
 /* FERRY_TEST_OFI_MR_MODE as mr_mode bits to add; *offset_p: remove VIRT_ADDR. */
