@@ -20,7 +20,11 @@
 #include <glob.h>
 #include <pthread.h>
 #include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_cm.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -315,6 +319,131 @@ Test(ofi_mr, shim_withholds_a_provider_from_a_caller_without_the_mode)
     ret = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
     cr_assert_eq(ret, 0, "%s", fi_strerror(-ret));
     cr_assert(info->domain_attr->mr_mode & FI_MR_ENDPOINT);
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+}
+
+/* And that it refuses an operation that breaks a mode, used bare (one
+ * process writing to itself over shm): no local desc under FI_MR_LOCAL, an
+ * unmapped key under FI_MR_RAW, a virtual address where an offset is due;
+ * the same write done right lands. */
+static struct fid_mr *bound_mr(struct fid_domain *domain, struct fid_ep *ep, void *buffer,
+                               size_t length, uint64_t access, uint64_t key)
+{
+    struct fid_mr *mr = NULL;
+    cr_assert_eq(fi_mr_reg(domain, buffer, length, access, 0, key, 0, &mr, NULL), 0);
+    cr_assert_eq(fi_mr_bind(mr, &ep->fid, 0), 0);
+    cr_assert_eq(fi_mr_enable(mr), 0);
+    return mr;
+}
+
+static ssize_t write_bare(struct fid_ep *ep, struct fid_cq *cq, void *buffer, void *desc,
+                          fi_addr_t self, uint64_t addr, uint64_t key)
+{
+    struct iovec iov = {.iov_base = buffer, .iov_len = 64};
+    struct fi_rma_iov rma = {.addr = addr, .len = 64, .key = key};
+    struct fi_context2 context;
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = self,
+                             .rma_iov = &rma,
+                             .rma_iov_count = 1,
+                             .context = &context};
+    struct fi_cq_entry entry;
+    ssize_t ret;
+    for (int i = 0;
+         (ret = fi_writemsg(ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)) == -FI_EAGAIN &&
+         i < 100000;
+         i++)
+        (void)fi_cq_read(cq, &entry, 1); /* shm: progress, so that the post is taken */
+    if (ret != 0)
+        return ret;
+    for (int i = 0; i < 2000000; i++) {
+        ssize_t n = fi_cq_read(cq, &entry, 1);
+        if (n == 1)
+            return 0;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry error = {0};
+            fi_cq_readerr(cq, &error, 0);
+            return -(ssize_t)error.err;
+        }
+    }
+    return -FI_ETIMEDOUT;
+}
+
+Test(ofi_mr, shim_refuses_what_breaks_a_mode)
+{
+    if (!service_module_built("ofi"))
+        cr_skip_test("the ofi module is not built (libfabric-dev missing)");
+    setenv("FERRY_TEST_OFI_MR_MODE", "local,endpoint,raw,offset", 1);
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    cr_assert_not_null(hints);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->fabric_attr->prov_name = strdup(SHM);
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                  FI_MR_ENDPOINT | FI_MR_RAW;
+    cr_assert_eq(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info), 0);
+    cr_assert_not(info->domain_attr->mr_mode & FI_MR_VIRT_ADDR);
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT};
+    struct fi_av_attr av_attr = {.type = FI_AV_MAP};
+    cr_assert_eq(fi_fabric(info->fabric_attr, &fabric, NULL), 0);
+    cr_assert_eq(fi_domain(fabric, info, &domain, NULL), 0);
+    cr_assert_eq(fi_cq_open(domain, &cq_attr, &cq, NULL), 0);
+    cr_assert_eq(fi_av_open(domain, &av_attr, &av, NULL), 0);
+    cr_assert_eq(fi_endpoint(domain, info, &ep, NULL), 0);
+    cr_assert_eq(fi_ep_bind(ep, &av->fid, 0), 0);
+    cr_assert_eq(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    cr_assert_eq(fi_enable(ep), 0);
+    char name[256];
+    size_t name_length = sizeof(name);
+    fi_addr_t self;
+    cr_assert_eq(fi_getname(&ep->fid, name, &name_length), 0);
+    cr_assert_eq(fi_av_insert(av, name, 1, &self, 0, NULL), 1);
+
+    static unsigned char target[4096], source[4096];
+    struct fid_mr *target_mr =
+        bound_mr(domain, ep, target, sizeof(target), FI_REMOTE_WRITE | FI_REMOTE_READ, 1);
+    struct fid_mr *source_mr = bound_mr(domain, ep, source, sizeof(source), FI_WRITE, 2);
+    cr_assert_eq(fi_mr_key(target_mr), FI_KEY_NOTAVAIL, "raw keys only");
+    uint8_t raw[64];
+    size_t raw_length = sizeof(raw);
+    uint64_t base = 0, key = 0;
+    cr_assert_eq(fi_mr_raw_attr(target_mr, &base, raw, &raw_length, 0), 0);
+    cr_assert_eq(fi_mr_map_raw(domain, base, raw, raw_length, &key, 0), 0);
+    memset(source, 0x5a, 64);
+
+    ssize_t ret = write_bare(ep, cq, source, fi_mr_desc(source_mr), self, 8, key);
+    cr_assert_eq(ret, 0, "the write done right: %s", fi_strerror((int)-ret));
+    cr_assert_eq(target[8], 0x5a);
+    cr_assert_eq(target[8 + 63], 0x5a);
+    cr_assert_eq(target[7], 0);
+    unsigned long before = ferry_ofi_mr_shim_count("violations");
+    cr_assert_eq(write_bare(ep, cq, source, NULL, self, 8, key), -FI_EINVAL, "no local desc");
+    cr_assert_eq(write_bare(ep, cq, source, fi_mr_desc(source_mr), self, 8, FI_KEY_NOTAVAIL),
+                 -FI_EINVAL, "a raw key used unmapped");
+    cr_assert_eq(ferry_ofi_mr_shim_count("violations"), before + 2);
+    /* Last: shm 1.17 refuses the range, and its queue to itself takes no
+     * post after that error. */
+    cr_assert_neq(
+        write_bare(ep, cq, source, fi_mr_desc(source_mr), self, (uintptr_t)target + 8, key), 0,
+        "an address where an offset is due");
+
+    cr_assert_eq(fi_mr_unmap_key(domain, key), 0);
+    fi_close(&source_mr->fid);
+    fi_close(&target_mr->fid);
+    fi_close(&ep->fid);
+    fi_close(&av->fid);
+    fi_close(&cq->fid);
+    fi_close(&domain->fid);
+    fi_close(&fabric->fid);
     fi_freeinfo(info);
     fi_freeinfo(hints);
 }
