@@ -10,7 +10,9 @@
  * 4 MiB, bytes checked; registration while traffic flows; unregister then
  * write fails; and the cases where the module replaces what an MR is tied
  * to: a fence replacing the lane (endpoint-bound per-op MRs on the fresh
- * endpoint) and a restarted target (its raw keys mapped again).
+ * endpoint) and a restarted target (its raw keys mapped again).  And the
+ * shim alone: it withholds a provider from a caller without the mode, and
+ * refuses operations that break one.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
