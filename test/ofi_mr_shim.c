@@ -17,7 +17,8 @@
  *             the MRs bound to it.
  *   raw       FI_MR_RAW: fi_mr_key is FI_KEY_NOTAVAIL; the key travels as
  *             fi_mr_raw_attr's bytes and an operation must use the key that
- *             fi_mr_map_raw gave, until fi_mr_unmap_key.
+ *             fi_mr_map_raw gave, until fi_mr_unmap_key; fi_mr_map_raw
+ *             must get the base fi_mr_raw_attr gave (0 with offsets).
  *   prov_key  FI_MR_PROV_KEY: the shim picks keys (never the requested one).
  *   offset    no FI_MR_VIRT_ADDR: remote addresses are offsets from the
  *             registered start.  Over a provider that addresses by virtual
@@ -66,7 +67,7 @@
 
 #define SHIM_EXPORT    __attribute__((visibility("default")))
 #define RAW_MAGIC      "FMRSHIM1"
-#define RAW_SIZE       24              /* magic, real key, registered start */
+#define RAW_SIZE       32              /* magic, real key, registered start, base */
 #define MAPPED_KEY_TAG (0xb5ULL << 56) /* keys fi_mr_map_raw hands out */
 #define ADDRESS_BITS   48              /* user addresses on x86-64 and arm64 */
 #define ADDRESS_MASK   ((1ULL << ADDRESS_BITS) - 1)
@@ -448,16 +449,17 @@ static int map_raw(shim_domain_t *d, struct fi_mr_map_raw *map)
         violation("fi_mr_map_raw without FI_MR_RAW");
         return -FI_EINVAL;
     }
-    uint64_t real_key, start;
+    uint64_t real_key, start, base;
     if (map->key_size != RAW_SIZE || memcmp(map->raw_key, RAW_MAGIC, 8) != 0) {
         violation("fi_mr_map_raw: %zu bytes that fi_mr_raw_attr did not give", map->key_size);
         return -FI_EINVAL;
     }
     memcpy(&real_key, map->raw_key + 8, 8);
     memcpy(&start, map->raw_key + 16, 8);
-    if (map->base_addr != start) {
-        violation("fi_mr_map_raw: base %#llx, the raw key's is %#llx",
-                  (unsigned long long)map->base_addr, (unsigned long long)start);
+    memcpy(&base, map->raw_key + 24, 8);
+    if (map->base_addr != base) {
+        violation("fi_mr_map_raw: base %#llx, fi_mr_raw_attr gave %#llx",
+                  (unsigned long long)map->base_addr, (unsigned long long)base);
         return -FI_EINVAL;
     }
     raw_mapping_t *m = calloc(1, sizeof(*m));
@@ -711,12 +713,17 @@ static int mr_raw_attr(shim_mr_t *m, struct fi_mr_raw_attr *attr)
         *attr->key_size = RAW_SIZE;
         return -FI_ETOOSMALL;
     }
+    /* The base peers address the MR from: its start, or 0 where
+     * addresses are offsets (fi_mr(3): "accessible by peers starting at a
+     * base address of 0"); fi_mr_map_raw must be given the same. */
     uint64_t start = m->start;
+    uint64_t base = (m->domain->mode & FI_MR_VIRT_ADDR) ? start : 0;
     memcpy(attr->raw_key, RAW_MAGIC, 8);
     memcpy(attr->raw_key + 8, &m->key, 8);
     memcpy(attr->raw_key + 16, &start, 8);
+    memcpy(attr->raw_key + 24, &base, 8);
     *attr->key_size = RAW_SIZE;
-    *attr->base_addr = start;
+    *attr->base_addr = base;
     return 0;
 }
 
