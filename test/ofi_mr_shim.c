@@ -25,7 +25,7 @@
  *             address (shm) the shim adds the registered start back; it
  *             learns it from the key, so there offset implies prov_key
  *             (unless raw, whose bytes carry it).
- * A violation fails the operation with -FI_EINVAL and logs one line
+ * A shim_violation fails the operation with -FI_EINVAL and logs one line
  * ("ofi-mr-shim: ...") on stderr, and in FERRY_TEST_OFI_MR_VIOLATIONS/<pid>
  * where that folder is set (the test's view of its peers).  What the shim saw is counted
  * (ferry_ofi_mr_shim_count) so that a test can tell the modes were used.
@@ -44,37 +44,19 @@
  * wrapper owns its real object and closes it in its close; a domain
  * outlives its endpoints and MRs (the caller's order, as libfabric's).
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
+#include "ofi_mr_shim_impl.h"
+
 #include <dlfcn.h>
-#include <pthread.h>
-#include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
-#include <rdma/fi_rma.h>
 #include <stdarg.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "ofi_mr_shim.h"
 
-#define SHIM_EXPORT    __attribute__((visibility("default")))
-#define RAW_MAGIC      "FMRSHIM1"
-#define RAW_SIZE       32              /* magic, real key, registered start, base */
-#define MAPPED_KEY_TAG (0xb5ULL << 56) /* keys fi_mr_map_raw hands out */
-#define ADDRESS_BITS   48              /* user addresses on x86-64 and arm64 */
-#define ADDRESS_MASK   ((1ULL << ADDRESS_BITS) - 1)
+#define SHIM_EXPORT __attribute__((visibility("default")))
 
 /* What the shim saw, for tests (ferry_ofi_mr_shim_count). */
-static atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets,
-    count_prov_keys, count_violations, count_rma;
+atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets, count_prov_keys,
+    count_violations, count_rma;
 
 /* ---- modes ---- */
 
@@ -113,8 +95,7 @@ static int real_mode_of(const char *name, int fallback)
 
 static unsigned violations_logged;
 
-static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void violation(const char *fmt, ...)
+void shim_violation(const char *fmt, ...)
 {
     atomic_fetch_add(&count_violations, 1);
     if (__atomic_fetch_add(&violations_logged, 1, __ATOMIC_RELAXED) >= 20)
@@ -244,48 +225,6 @@ typedef struct shim_fabric {
     struct fid_fabric *real;
 } shim_fabric_t;
 
-typedef struct shim_domain shim_domain_t;
-
-typedef struct shim_ep {
-    struct fid_ep ep;
-    struct fid_ep *real;
-    shim_domain_t *domain;
-    uint64_t serial; /* MRs bound to it name it by serial, not by address */
-} shim_ep_t;
-
-typedef struct shim_mr {
-    struct fid_mr mr;
-    struct fid_mr *real; /* NULL under FI_MR_ENDPOINT until enabled, or killed */
-    shim_domain_t *domain;
-    uintptr_t start;
-    size_t length;
-    uint64_t access;
-    uint64_t key;      /* the key peers use (real key: the same value) */
-    uint64_t bound_ep; /* serial, 0: none */
-    int enabled;
-    int killed;           /* its endpoint closed */
-    struct shim_mr *next; /* domain->mrs */
-} shim_mr_t;
-
-typedef struct raw_mapping {
-    uint64_t mapped;
-    uint64_t real_key;
-    uint64_t start;
-    struct raw_mapping *next;
-} raw_mapping_t;
-
-struct shim_domain {
-    struct fid_domain domain;
-    struct fid_domain *real;
-    int mode;             /* what the caller was told */
-    int real_mode;        /* what the provider wants */
-    pthread_mutex_t lock; /* mrs, mappings, serials */
-    shim_mr_t *mrs;       /* live MRs: a desc is one of them or nothing */
-    raw_mapping_t *mappings;
-    uint64_t next_serial;
-    uint64_t next_prov_key;
-};
-
 static int fabric_close(struct fid *fid)
 {
     shim_fabric_t *f = (shim_fabric_t *)fid;
@@ -314,13 +253,13 @@ static int fabric_ops_open(struct fid *fid, const char *name, uint64_t flags, vo
     return f->real->fid.ops->ops_open(&f->real->fid, name, flags, ops, context);
 }
 
-static int no_tostr(const struct fid *fid, char *buf, size_t len)
+int shim_no_tostr(const struct fid *fid, char *buf, size_t len)
 {
     (void)fid, (void)buf, (void)len;
     return -FI_ENOSYS;
 }
 
-static int no_ops_set(struct fid *fid, const char *name, uint64_t flags, void *ops, void *ctx)
+int shim_no_ops_set(struct fid *fid, const char *name, uint64_t flags, void *ops, void *ctx)
 {
     (void)fid, (void)name, (void)flags, (void)ops, (void)ctx;
     return -FI_ENOSYS;
@@ -332,13 +271,12 @@ static struct fi_ops fabric_fid_ops = {
     .bind = fabric_bind,
     .control = fabric_control,
     .ops_open = fabric_ops_open,
-    .tostr = no_tostr,
-    .ops_set = no_ops_set,
+    .tostr = shim_no_tostr,
+    .ops_set = shim_no_ops_set,
 };
 
 static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
                        struct fid_domain **domain_p, void *context);
-static struct fi_ops ep_fid_ops;
 
 static int domain2_open(struct fid_fabric *fabric, struct fi_info *info,
                         struct fid_domain **domain_p, uint64_t flags, void *context)
@@ -409,7 +347,7 @@ SHIM_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabri
 /* ---- domain ---- */
 
 /* A copy of info carrying the real provider's mode (freed by the caller). */
-static struct fi_info *real_info(const struct fi_info *info, int real_mode)
+struct fi_info *shim_real_info(const struct fi_info *info, int real_mode)
 {
     struct fi_info *copy = fi_dupinfo(info);
     if (copy != NULL)
@@ -421,7 +359,7 @@ static int domain_close(struct fid *fid)
 {
     shim_domain_t *d = (shim_domain_t *)fid;
     if (d->mrs != NULL || d->mappings != NULL) {
-        violation("domain closed with %s still open", d->mrs ? "MRs" : "raw key mappings");
+        shim_violation("domain closed with %s still open", d->mrs ? "MRs" : "raw key mappings");
         return -FI_EBUSY;
     }
     int ret = fi_close(&d->real->fid);
@@ -446,20 +384,20 @@ static int domain_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 static int map_raw(shim_domain_t *d, struct fi_mr_map_raw *map)
 {
     if (!(d->mode & FI_MR_RAW)) {
-        violation("fi_mr_map_raw without FI_MR_RAW");
+        shim_violation("fi_mr_map_raw without FI_MR_RAW");
         return -FI_EINVAL;
     }
     uint64_t real_key, start, base;
     if (map->key_size != RAW_SIZE || memcmp(map->raw_key, RAW_MAGIC, 8) != 0) {
-        violation("fi_mr_map_raw: %zu bytes that fi_mr_raw_attr did not give", map->key_size);
+        shim_violation("fi_mr_map_raw: %zu bytes that fi_mr_raw_attr did not give", map->key_size);
         return -FI_EINVAL;
     }
     memcpy(&real_key, map->raw_key + 8, 8);
     memcpy(&start, map->raw_key + 16, 8);
     memcpy(&base, map->raw_key + 24, 8);
     if (map->base_addr != base) {
-        violation("fi_mr_map_raw: base %#llx, fi_mr_raw_attr gave %#llx",
-                  (unsigned long long)map->base_addr, (unsigned long long)base);
+        shim_violation("fi_mr_map_raw: base %#llx, fi_mr_raw_attr gave %#llx",
+                       (unsigned long long)map->base_addr, (unsigned long long)base);
         return -FI_EINVAL;
     }
     raw_mapping_t *m = calloc(1, sizeof(*m));
@@ -488,7 +426,7 @@ static int unmap_key(shim_domain_t *d, uint64_t key)
         *link = m->next;
     pthread_mutex_unlock(&d->lock);
     if (m == NULL) {
-        violation("fi_mr_unmap_key: %#llx was not mapped", (unsigned long long)key);
+        shim_violation("fi_mr_unmap_key: %#llx was not mapped", (unsigned long long)key);
         return -FI_ENOKEY;
     }
     free(m);
@@ -518,8 +456,8 @@ static struct fi_ops domain_fid_ops = {
     .bind = domain_bind,
     .control = domain_control,
     .ops_open = domain_ops_open,
-    .tostr = no_tostr,
-    .ops_set = no_ops_set,
+    .tostr = shim_no_tostr,
+    .ops_set = shim_no_ops_set,
 };
 
 static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
@@ -581,20 +519,17 @@ static int no_query_collective(struct fid_domain *domain, enum fi_collective_op 
     return -FI_ENOSYS;
 }
 
-static int endpoint_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep_p,
-                         void *context);
-
 static int endpoint2_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep_p,
                           uint64_t flags, void *context)
 {
-    return flags == 0 ? endpoint_open(domain, info, ep_p, context) : -FI_ENOSYS;
+    return flags == 0 ? shim_endpoint_open(domain, info, ep_p, context) : -FI_ENOSYS;
 }
 
 static struct fi_ops_domain domain_ops = {
     .size = sizeof(struct fi_ops_domain),
     .av_open = domain_av_open,
     .cq_open = domain_cq_open,
-    .endpoint = endpoint_open,
+    .endpoint = shim_endpoint_open,
     .scalable_ep = no_scalable_ep,
     .cntr_open = domain_cntr_open,
     .poll_open = domain_poll_open,
@@ -684,16 +619,16 @@ static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
     shim_mr_t *m = (shim_mr_t *)fid;
     (void)flags;
     if (!(m->domain->mode & FI_MR_ENDPOINT)) {
-        violation("fi_mr_bind without FI_MR_ENDPOINT");
+        shim_violation("fi_mr_bind without FI_MR_ENDPOINT");
         return -FI_EINVAL;
     }
-    if (bfid->fclass != FI_CLASS_EP || bfid->ops != &ep_fid_ops || m->enabled) {
-        violation("fi_mr_bind: %s", m->enabled ? "already enabled" : "not an endpoint");
+    if (bfid->fclass != FI_CLASS_EP || bfid->ops != &shim_ep_fid_ops || m->enabled) {
+        shim_violation("fi_mr_bind: %s", m->enabled ? "already enabled" : "not an endpoint");
         return -FI_EINVAL;
     }
     shim_ep_t *ep = (shim_ep_t *)bfid;
     if (ep->domain != m->domain) {
-        violation("fi_mr_bind: an endpoint of another domain");
+        shim_violation("fi_mr_bind: an endpoint of another domain");
         return -FI_EINVAL;
     }
     pthread_mutex_lock(&m->domain->lock);
@@ -706,7 +641,7 @@ static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 static int mr_raw_attr(shim_mr_t *m, struct fi_mr_raw_attr *attr)
 {
     if (!(m->domain->mode & FI_MR_RAW) || m->real == NULL) {
-        violation("fi_mr_raw_attr %s", m->real ? "without FI_MR_RAW" : "before fi_mr_enable");
+        shim_violation("fi_mr_raw_attr %s", m->real ? "without FI_MR_RAW" : "before fi_mr_enable");
         return -FI_EINVAL;
     }
     if (*attr->key_size < RAW_SIZE) {
@@ -737,7 +672,7 @@ static int mr_control(struct fid *fid, int command, void *arg)
     if (!(m->domain->mode & FI_MR_ENDPOINT))
         return 0;
     if (m->bound_ep == 0 || m->enabled) {
-        violation("fi_mr_enable %s", m->enabled ? "twice" : "before fi_mr_bind");
+        shim_violation("fi_mr_enable %s", m->enabled ? "twice" : "before fi_mr_bind");
         return -FI_EINVAL;
     }
     int ret = mr_make_real(m);
@@ -758,8 +693,8 @@ static struct fi_ops mr_fid_ops = {
     .bind = mr_bind,
     .control = mr_control,
     .ops_open = mr_no_ops_open,
-    .tostr = no_tostr,
-    .ops_set = no_ops_set,
+    .tostr = shim_no_tostr,
+    .ops_set = shim_no_ops_set,
 };
 
 static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
@@ -811,7 +746,7 @@ static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
         return -FI_ENOMEM;
     d->mode = info->domain_attr->mr_mode;
     d->real_mode = real_mode_of(info->fabric_attr->prov_name, d->mode);
-    struct fi_info *real = real_info(info, d->real_mode);
+    struct fi_info *real = shim_real_info(info, d->real_mode);
     if (real == NULL) {
         free(d);
         return -FI_ENOMEM;
@@ -828,407 +763,6 @@ static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
     d->domain.ops = &domain_ops;
     d->domain.mr = &domain_mr_ops;
     *domain_p = &d->domain;
-    return 0;
-}
-
-/* ---- endpoint ---- */
-
-static int ep_close(struct fid *fid)
-{
-    shim_ep_t *ep = (shim_ep_t *)fid;
-    shim_domain_t *d = ep->domain;
-    int ret = fi_close(&ep->real->fid);
-    if (ret != 0)
-        return ret;
-    /* Its MRs die with it: a key of one names nothing any more. */
-    pthread_mutex_lock(&d->lock);
-    for (shim_mr_t *m = d->mrs; m != NULL; m = m->next)
-        if (m->bound_ep == ep->serial && m->real != NULL) {
-            fi_close(&m->real->fid);
-            m->real = NULL;
-            m->killed = 1;
-        }
-    pthread_mutex_unlock(&d->lock);
-    free(ep);
-    return 0;
-}
-
-static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
-{
-    shim_ep_t *ep = (shim_ep_t *)fid;
-    return ep->real->fid.ops->bind(&ep->real->fid, bfid, flags);
-}
-
-static int ep_control(struct fid *fid, int command, void *arg)
-{
-    shim_ep_t *ep = (shim_ep_t *)fid;
-    return ep->real->fid.ops->control(&ep->real->fid, command, arg);
-}
-
-static int ep_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops, void *context)
-{
-    shim_ep_t *ep = (shim_ep_t *)fid;
-    return ep->real->fid.ops->ops_open(&ep->real->fid, name, flags, ops, context);
-}
-
-static struct fi_ops ep_fid_ops = {
-    .size = sizeof(struct fi_ops),
-    .close = ep_close,
-    .bind = ep_bind,
-    .control = ep_control,
-    .ops_open = ep_ops_open,
-    .tostr = no_tostr,
-    .ops_set = no_ops_set,
-};
-
-static ssize_t ep_cancel(fid_t fid, void *context)
-{
-    return fi_cancel(&((shim_ep_t *)fid)->real->fid, context);
-}
-
-static int ep_getopt(fid_t fid, int level, int optname, void *optval, size_t *optlen)
-{
-    return fi_getopt(&((shim_ep_t *)fid)->real->fid, level, optname, optval, optlen);
-}
-
-static int ep_setopt(fid_t fid, int level, int optname, const void *optval, size_t optlen)
-{
-    return fi_setopt(&((shim_ep_t *)fid)->real->fid, level, optname, optval, optlen);
-}
-
-static int no_tx_ctx(struct fid_ep *sep, int index, struct fi_tx_attr *attr, struct fid_ep **tx_ep,
-                     void *context)
-{
-    (void)sep, (void)index, (void)attr, (void)tx_ep, (void)context;
-    return -FI_ENOSYS;
-}
-
-static int no_rx_ctx(struct fid_ep *sep, int index, struct fi_rx_attr *attr, struct fid_ep **rx_ep,
-                     void *context)
-{
-    (void)sep, (void)index, (void)attr, (void)rx_ep, (void)context;
-    return -FI_ENOSYS;
-}
-
-static ssize_t ep_rx_size_left(struct fid_ep *ep)
-{
-    struct fid_ep *real = ((shim_ep_t *)ep)->real;
-    return real->ops->rx_size_left(real);
-}
-
-static ssize_t ep_tx_size_left(struct fid_ep *ep)
-{
-    struct fid_ep *real = ((shim_ep_t *)ep)->real;
-    return real->ops->tx_size_left(real);
-}
-
-static struct fi_ops_ep ep_ops = {
-    .size = sizeof(struct fi_ops_ep),
-    .cancel = ep_cancel,
-    .getopt = ep_getopt,
-    .setopt = ep_setopt,
-    .tx_ctx = no_tx_ctx,
-    .rx_ctx = no_rx_ctx,
-    .rx_size_left = ep_rx_size_left,
-    .tx_size_left = ep_tx_size_left,
-};
-
-static int ep_setname(fid_t fid, void *addr, size_t addrlen)
-{
-    return fi_setname(&((shim_ep_t *)fid)->real->fid, addr, addrlen);
-}
-
-static int ep_getname(fid_t fid, void *addr, size_t *addrlen)
-{
-    return fi_getname(&((shim_ep_t *)fid)->real->fid, addr, addrlen);
-}
-
-static int ep_getpeer(struct fid_ep *ep, void *addr, size_t *addrlen)
-{
-    return fi_getpeer(((shim_ep_t *)ep)->real, addr, addrlen);
-}
-
-static int no_connect(struct fid_ep *ep, const void *addr, const void *param, size_t len)
-{
-    (void)ep, (void)addr, (void)param, (void)len;
-    return -FI_ENOSYS;
-}
-
-static int no_listen(struct fid_pep *pep)
-{
-    (void)pep;
-    return -FI_ENOSYS;
-}
-
-static int no_accept(struct fid_ep *ep, const void *param, size_t len)
-{
-    (void)ep, (void)param, (void)len;
-    return -FI_ENOSYS;
-}
-
-static int no_reject(struct fid_pep *pep, fid_t handle, const void *param, size_t len)
-{
-    (void)pep, (void)handle, (void)param, (void)len;
-    return -FI_ENOSYS;
-}
-
-static int no_shutdown(struct fid_ep *ep, uint64_t flags)
-{
-    (void)ep, (void)flags;
-    return -FI_ENOSYS;
-}
-
-static int no_join(struct fid_ep *ep, const void *addr, uint64_t flags, struct fid_mc **mc,
-                   void *context)
-{
-    (void)ep, (void)addr, (void)flags, (void)mc, (void)context;
-    return -FI_ENOSYS;
-}
-
-static struct fi_ops_cm ep_cm_ops = {
-    .size = sizeof(struct fi_ops_cm),
-    .setname = ep_setname,
-    .getname = ep_getname,
-    .getpeer = ep_getpeer,
-    .connect = no_connect,
-    .listen = no_listen,
-    .accept = no_accept,
-    .reject = no_reject,
-    .shutdown = no_shutdown,
-    .join = no_join,
-};
-
-/* The local desc of an operation on ep over [buf, buf + len): the real
- * provider's desc, or -FI_EINVAL after a violation (caller: d->lock held). */
-static int local_desc(shim_ep_t *ep, void *desc, const void *buf, size_t len, uint64_t access,
-                      const char *what, void **real_desc_p)
-{
-    shim_domain_t *d = ep->domain;
-    shim_mr_t *m = d->mrs;
-    while (m != NULL && (void *)m != desc)
-        m = m->next;
-    *real_desc_p = m != NULL && m->real != NULL ? fi_mr_desc(m->real) : NULL;
-    if (!(d->mode & FI_MR_LOCAL))
-        return 0;
-    atomic_fetch_add(&count_local_checked, 1);
-    uintptr_t start = (uintptr_t)buf;
-    if (m == NULL) {
-        violation("%s: local desc %p is no live MR (FI_MR_LOCAL)", what, desc);
-        return -FI_EINVAL;
-    }
-    if (m->real == NULL) {
-        violation("%s: local MR %s", what, m->killed ? "of a closed endpoint" : "not enabled");
-        return -FI_EINVAL;
-    }
-    if ((d->mode & FI_MR_ENDPOINT) && m->bound_ep != ep->serial) {
-        violation("%s: local MR bound to another endpoint (FI_MR_ENDPOINT)", what);
-        return -FI_EINVAL;
-    }
-    if (start < m->start || len > m->length || start - m->start > m->length - len) {
-        violation("%s: %zu bytes at %#lx outside the local MR [%#lx, +%zu)", what, len,
-                  (unsigned long)start, (unsigned long)m->start, m->length);
-        return -FI_EINVAL;
-    }
-    if (!(m->access & access)) {
-        violation("%s: local MR without %s access", what, access == FI_WRITE ? "write" : "read");
-        return -FI_EINVAL;
-    }
-    return 0;
-}
-
-/* The real key and address of a remote iov (caller: d->lock held). */
-static int remote_iov(shim_domain_t *d, const struct fi_rma_iov *iov, const char *what,
-                      struct fi_rma_iov *real_p)
-{
-    *real_p = *iov;
-    uint64_t start = 0;
-    int have_start = 0;
-    if (d->mode & FI_MR_RAW) {
-        raw_mapping_t *m = d->mappings;
-        while (m != NULL && m->mapped != iov->key)
-            m = m->next;
-        if (m == NULL) {
-            violation("%s: key %#llx is no fi_mr_map_raw key (FI_MR_RAW)", what,
-                      (unsigned long long)iov->key);
-            return -FI_EINVAL;
-        }
-        real_p->key = m->real_key;
-        start = m->start;
-        have_start = 1;
-    } else if (d->mode & FI_MR_PROV_KEY) {
-        if (iov->key == FI_KEY_NOTAVAIL || (iov->key >> ADDRESS_BITS) == 0) {
-            violation("%s: key %#llx is not one the provider gave (FI_MR_PROV_KEY)", what,
-                      (unsigned long long)iov->key);
-            return -FI_EINVAL;
-        }
-        start = iov->key & ADDRESS_MASK;
-        have_start = 1;
-    }
-    if (!(d->mode & FI_MR_VIRT_ADDR) && (d->real_mode & FI_MR_VIRT_ADDR)) {
-        if (!have_start) {
-            violation("%s: offset addressing with no start known", what);
-            return -FI_EINVAL;
-        }
-        /* An address given where an offset is due lands past the MR: the
-         * real provider refuses it (its key check covers the range). */
-        real_p->addr = start + iov->addr;
-        atomic_fetch_add(&count_offsets, 1);
-    }
-    return 0;
-}
-
-#define MAX_IOV 4
-
-static ssize_t rma_msg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_t flags, int write)
-{
-    shim_ep_t *ep = (shim_ep_t *)fep;
-    shim_domain_t *d = ep->domain;
-    const char *what = write ? "fi_writemsg" : "fi_readmsg";
-    if (msg->iov_count > MAX_IOV || msg->rma_iov_count > MAX_IOV)
-        return -FI_EINVAL;
-    void *descs[MAX_IOV];
-    struct fi_rma_iov rma[MAX_IOV];
-    struct fi_msg_rma real = *msg;
-    atomic_fetch_add(&count_rma, 1);
-    pthread_mutex_lock(&d->lock);
-    int ret = 0;
-    for (size_t i = 0; ret == 0 && i < msg->iov_count; i++)
-        ret = local_desc(ep, msg->desc != NULL ? msg->desc[i] : NULL, msg->msg_iov[i].iov_base,
-                         msg->msg_iov[i].iov_len, write ? FI_WRITE : FI_READ, what, &descs[i]);
-    for (size_t i = 0; ret == 0 && i < msg->rma_iov_count; i++)
-        ret = remote_iov(d, &msg->rma_iov[i], what, &rma[i]);
-    pthread_mutex_unlock(&d->lock);
-    if (ret != 0)
-        return ret;
-    real.desc = descs;
-    real.rma_iov = rma;
-    return write ? fi_writemsg(ep->real, &real, flags) : fi_readmsg(ep->real, &real, flags);
-}
-
-static ssize_t ep_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
-{
-    return rma_msg(ep, msg, flags, 0);
-}
-
-static ssize_t ep_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
-{
-    return rma_msg(ep, msg, flags, 1);
-}
-
-/* The short forms, through the checked message form (the ep's op_flags
- * are what the short forms use: FI_COMPLETION where asked at bind). */
-static ssize_t ep_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src,
-                       uint64_t addr, uint64_t key, void *context)
-{
-    struct iovec iov = {.iov_base = buf, .iov_len = len};
-    struct fi_rma_iov rma = {.addr = addr, .len = len, .key = key};
-    struct fi_msg_rma msg = {.msg_iov = &iov,
-                             .desc = &desc,
-                             .iov_count = 1,
-                             .addr = src,
-                             .rma_iov = &rma,
-                             .rma_iov_count = 1,
-                             .context = context};
-    return rma_msg(ep, &msg, FI_COMPLETION, 0);
-}
-
-static ssize_t ep_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
-                        uint64_t addr, uint64_t key, void *context)
-{
-    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct fi_rma_iov rma = {.addr = addr, .len = len, .key = key};
-    struct fi_msg_rma msg = {.msg_iov = &iov,
-                             .desc = &desc,
-                             .iov_count = 1,
-                             .addr = dest,
-                             .rma_iov = &rma,
-                             .rma_iov_count = 1,
-                             .context = context};
-    return rma_msg(ep, &msg, FI_COMPLETION, 1);
-}
-
-static ssize_t no_readv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count,
-                        fi_addr_t src, uint64_t addr, uint64_t key, void *context)
-{
-    (void)ep, (void)iov, (void)desc, (void)count, (void)src, (void)addr, (void)key;
-    (void)context;
-    return -FI_ENOSYS;
-}
-
-static ssize_t no_writev(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count,
-                         fi_addr_t dest, uint64_t addr, uint64_t key, void *context)
-{
-    (void)ep, (void)iov, (void)desc, (void)count, (void)dest, (void)addr, (void)key;
-    (void)context;
-    return -FI_ENOSYS;
-}
-
-static ssize_t no_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest,
-                         uint64_t addr, uint64_t key)
-{
-    (void)ep, (void)buf, (void)len, (void)dest, (void)addr, (void)key;
-    return -FI_ENOSYS;
-}
-
-static ssize_t no_writedata(struct fid_ep *ep, const void *buf, size_t len, void *desc,
-                            uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
-                            void *context)
-{
-    (void)ep, (void)buf, (void)len, (void)desc, (void)data, (void)dest, (void)addr, (void)key;
-    (void)context;
-    return -FI_ENOSYS;
-}
-
-static ssize_t no_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data,
-                             fi_addr_t dest, uint64_t addr, uint64_t key)
-{
-    (void)ep, (void)buf, (void)len, (void)data, (void)dest, (void)addr, (void)key;
-    return -FI_ENOSYS;
-}
-
-static struct fi_ops_rma ep_rma_ops = {
-    .size = sizeof(struct fi_ops_rma),
-    .read = ep_read,
-    .readv = no_readv,
-    .readmsg = ep_readmsg,
-    .write = ep_write,
-    .writev = no_writev,
-    .writemsg = ep_writemsg,
-    .inject = no_inject,
-    .writedata = no_writedata,
-    .injectdata = no_injectdata,
-};
-
-static int endpoint_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep_p,
-                         void *context)
-{
-    shim_domain_t *d = (shim_domain_t *)domain;
-    shim_ep_t *ep = calloc(1, sizeof(*ep));
-    if (ep == NULL)
-        return -FI_ENOMEM;
-    struct fi_info *real = real_info(info, d->real_mode);
-    if (real == NULL) {
-        free(ep);
-        return -FI_ENOMEM;
-    }
-    int ret = fi_endpoint(d->real, real, &ep->real, context);
-    fi_freeinfo(real);
-    if (ret != 0) {
-        free(ep);
-        return ret;
-    }
-    ep->domain = d;
-    pthread_mutex_lock(&d->lock);
-    ep->serial = ++d->next_serial;
-    pthread_mutex_unlock(&d->lock);
-    ep->ep.fid = ep->real->fid;
-    ep->ep.fid.ops = &ep_fid_ops;
-    ep->ep.ops = &ep_ops;
-    ep->ep.cm = &ep_cm_ops;
-    ep->ep.rma = &ep_rma_ops;
-    /* Messages, tagged, atomics, collectives: the module uses none, and a
-     * call would need the real endpoint; NULL makes a misuse plain. */
-    *ep_p = &ep->ep;
     return 0;
 }
 
