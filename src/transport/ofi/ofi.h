@@ -11,10 +11,10 @@
  * addresses are tens of bytes, and hex needs no code of its own.
  *
  * Buffer key (per buffer, "keys":{"ofi":...}):
- *   o1:<key hex>:<base hex>:<length hex>[:<raw key hex>]
+ *   o1:<key hex>:<base hex>:<length hex>[:<raw base hex>:<raw key hex>]
  * the MR key (fi_mr_key), the address the buffer was registered at and its
- * length; the raw key when the provider asks for FI_MR_RAW (the peer maps it
- * with fi_mr_map_raw).  With FI_MR_VIRT_ADDR a slice addresses the target
+ * length; under FI_MR_RAW the base and raw key fi_mr_raw_attr gave (the
+ * peer maps them with fi_mr_map_raw).  With FI_MR_VIRT_ADDR a slice addresses the target
  * by its virtual address, otherwise by its offset from <base>.
  *
  * Objects and lifetimes:
@@ -327,6 +327,7 @@ typedef struct ferry_ofi_key {
     uint64_t length;
     void *raw;          /* malloc-ed, or NULL */
     size_t raw_length;
+    uint64_t raw_base;  /* fi_mr_raw_attr's base, for fi_mr_map_raw */
 } ferry_ofi_key_t;
 ferry_status_t ferry_ofi_key_parse(const char *text, ferry_ofi_key_t *key_p);
 /* The op's local descriptor for a post on ep: the registration's, or an MR

@@ -681,5 +681,6 @@ void ferry_ofi_print_info(FILE *out)
     }
     fprintf(out, "ofi: in use: %s\n", in_use);
     fprintf(out, "ofi: no hardware provider and no FI_HMEM path has run on real hardware yet "
-                 "(tested: tcp;ofi_rxm and shm)\n");
+                 "(tested: tcp;ofi_rxm and shm; MR modes local, endpoint, raw and prov_key "
+                 "only through a stand-in, test/ofi_mr_shim.c)\n");
 }

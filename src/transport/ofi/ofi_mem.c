@@ -7,8 +7,8 @@
  *   FI_MR_VIRT_ADDR  peers address the buffer by virtual address; else by
  *                    offset from the registered start (the key's <base>).
  *   FI_MR_ENDPOINT   the MR is bound to the target endpoint and enabled.
- *   FI_MR_RAW        the key string carries fi_mr_raw_attr's bytes; the
- *                    initiator maps them per operation (fi_mr_map_raw).
+ *   FI_MR_RAW        the key string carries fi_mr_raw_attr's bytes and base;
+ *                    the initiator maps them per operation (fi_mr_map_raw).
  *   FI_MR_LOCAL      local buffers need a descriptor: a registered local
  *                    buffer gives its MR's (slice->local_memh); another
  *                    one, or any under FI_MR_ENDPOINT (its MR is bound to
@@ -20,7 +20,8 @@
  *                    iface when the provider offered FI_HMEM, else it gets
  *                    no key (FERRY_ERR_UNSUPPORTED).  Untested here.
  * Neither tcp;ofi_rxm (mr_mode 0) nor shm (FI_MR_VIRT_ADDR) asks for
- * LOCAL, ENDPOINT, RAW or PROV_KEY with libfabric 1.17.
+ * LOCAL, ENDPOINT, RAW or PROV_KEY with libfabric 1.17: test/ofi_mr_shim.c
+ * makes them ask, and test_ofi_mr runs this code under each mode.
  */
 #include "ofi.h"
 
@@ -81,14 +82,17 @@ static int enable_mr(ferry_ofi_t *ofi, struct fid_mr *mr, struct fid_ep *ep)
     return ret != 0 ? ret : fi_mr_enable(mr);
 }
 
+/* Under FI_MR_RAW the key string ends with ":<base>:<raw key>", both as
+ * fi_mr_raw_attr gave them: the peer's fi_mr_map_raw wants that base, which
+ * is not always the registered start (0 where addresses are offsets). */
 static char *key_text(ferry_ofi_t *ofi, ferry_ofi_mem_t *mem)
 {
     char *raw_hex = NULL;
+    uint64_t raw_base = 0;
     if (ofi->mr_mode & FI_MR_RAW) {
         unsigned char raw[256];
         size_t raw_size = sizeof(raw);
-        uint64_t base = (uintptr_t)mem->addr;
-        int ret = fi_mr_raw_attr(mem->mr, &base, raw, &raw_size, 0);
+        int ret = fi_mr_raw_attr(mem->mr, &raw_base, raw, &raw_size, 0);
         if (ret != 0) {
             ferry_error("ofi: fi_mr_raw_attr: %s", fi_strerror(-ret));
             return NULL;
@@ -100,10 +104,13 @@ static char *key_text(ferry_ofi_t *ofi, ferry_ofi_mem_t *mem)
     char head[128];
     snprintf(head, sizeof(head), FERRY_OFI_KEY_PREFIX "%" PRIx64 ":%" PRIxPTR ":%zx",
              fi_mr_key(mem->mr), (uintptr_t)mem->addr, mem->length);
-    size_t length = strlen(head) + (raw_hex ? strlen(raw_hex) + 1 : 0) + 1;
+    char base_text[24] = "";
+    if (raw_hex != NULL)
+        snprintf(base_text, sizeof(base_text), ":%" PRIx64 ":", raw_base);
+    size_t length = strlen(head) + strlen(base_text) + (raw_hex ? strlen(raw_hex) : 0) + 1;
     char *text = malloc(length);
     if (text != NULL)
-        snprintf(text, length, "%s%s%s", head, raw_hex ? ":" : "", raw_hex ? raw_hex : "");
+        snprintf(text, length, "%s%s%s", head, base_text, raw_hex ? raw_hex : "");
     free(raw_hex);
     return text;
 }
@@ -186,6 +193,9 @@ ferry_status_t ferry_ofi_key_parse(const char *text, ferry_ofi_key_t *key_p)
         parse_hex_field(&p, &key_p->length) != 0)
         return FERRY_ERR_DECODE;
     if (*p == ':') {
+        p++;
+        if (parse_hex_field(&p, &key_p->raw_base) != 0 || *p != ':')
+            return FERRY_ERR_DECODE;
         key_p->raw = ferry_ofi_hex_decode(p + 1, strlen(p + 1), &key_p->raw_length);
         if (key_p->raw == NULL)
             return FERRY_ERR_DECODE;

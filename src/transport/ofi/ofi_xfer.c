@@ -557,8 +557,8 @@ static ferry_status_t make_op(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, ferry_slice
     op->peer = p;
     op->rkey = key->key;
     if (key->raw != NULL) {
-        int ret = fi_mr_map_raw(ofi->domain, key->base, key->raw, key->raw_length, &op->raw_key,
-                                0);
+        int ret = fi_mr_map_raw(ofi->domain, key->raw_base, key->raw, key->raw_length,
+                                &op->raw_key, 0);
         if (ret != 0) {
             ferry_error("ofi: fi_mr_map_raw: %s", fi_strerror(-ret));
             op_cache_give(ofi, op, op, 1);
