@@ -14,6 +14,14 @@
 #   CASES: a grep -E pattern of the case labels to run (default: all).
 #   BASE: another build directory (main, say): its ferry_bench runs each
 #   case too, interleaved, and the medians add base and ferry/base.
+#   PRECONDITION (default 1): before each fio run, write the file again
+#   and write it back (fdatasync, then drop its cached pages), as
+#   ferry_bench's target does with its fill before every ferry run, so
+#   that both start from the same disk state (a write-back of 256 MiB
+#   just before a run slows a random-write run on this VM's disk).
+#   Rounds alternate the order (even rounds run fio first); the medians
+#   add the median of each round's ferry/fio ("pairs"), which drift
+#   between rounds cancels out of.
 set -eu
 . "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -54,9 +62,16 @@ ferry_run() { # bench engine op bs in_flight unit random callers
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# the file, written once, so that neither side measures its growth
-fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --ioengine=psync \
-    --direct=0 >/dev/null 2>&1
+# the file written (so that neither side measures its growth), written
+# back and dropped from the page cache
+layout() {
+    fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --ioengine=psync \
+        --direct=0 --end_fsync=1 >/dev/null 2>&1
+    python3 -c 'import os,sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$file"
+}
+layout
 
 # label | ferry engine | fio engine | ferry op | fio rw | bs | depth | unit | random | fio jobs
 #   | ferry callers
@@ -70,6 +85,14 @@ fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --ioengin
 # - threads4-posixaio: one caller, 4 in flight, against fio's posixaio
 #   engine at iodepth 4 (glibc's POSIX AIO: one submitter, helper threads
 #   doing pread: fio's own thread-pool engine).
+# The issue's "same engine" for the threads engine is two rows, one per
+# way of using it: threads4-callers4 (synchronous callers, each with one
+# request: the same pread per I/O on the same thread as psync x4) and
+# threads4-posixaio (one asynchronous submitter, a pool of threads doing
+# the preads: what posixaio is).  threads4 (one caller, 4 in flight,
+# against 4 synchronous processes) compares two structures, not engines:
+# one caller waits for its requests in order and can submit nothing while
+# it does one of them itself; it is kept to show that cost.
 all_cases='4k-randread-qd32|uring|io_uring|read|randread|4k|32|iops|--random|1|1
 4k-randwrite-qd32|uring|io_uring|write|randwrite|4k|32|iops|--random|1|1
 1m-read-qd16|uring|io_uring|read|read|1m|16|gbps||1|1
@@ -82,14 +105,20 @@ cases=$(echo "$all_cases" | grep -E "^(${CASES:-.*})\|" || true)
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); file $file ($size), direct=$direct"
 for run in $(seq "$runs"); do
     echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs callers; do
+        fio_case() {
+            [ "${PRECONDITION:-1}" = 0 ] || layout
+            g=$(fio_run "$fioe" "$rw" "$bs" $((depth / jobs)) "$unit" "$jobs")
+        }
+        [ $((run % 2)) = 1 ] || fio_case
         f=$(ferry_run "$bench" "$fe" "$op" "$bs" "$depth" "$unit" "$random" "$callers")
         b=-
         [ -z "$base" ] || b=$(ferry_run "$base" "$fe" "$op" "$bs" "$depth" "$unit" "$random" \
                                         "$callers")
-        g=$(fio_run "$fioe" "$rw" "$bs" $((depth / jobs)) "$unit" "$jobs")
+        [ $((run % 2)) = 0 ] || fio_case
         echo "$f" >>"$tmp/$label.ferry"
         echo "$b" >>"$tmp/$label.base"
         echo "$g" >>"$tmp/$label.fio"
+        awk -v f="$f" -v g="$g" 'BEGIN {printf "%.3f\n", f / g}' >>"$tmp/$label.pairs"
         printf 'run %s %-30s ferry %10s   base %10s   fio %10s %s   load %s\n' "$run" "$label" \
             "$f" "$b" "$g" "$unit" "$(cut -d' ' -f1 /proc/loadavg)"
     done
@@ -98,8 +127,9 @@ echo "medians of $runs runs (load average after: $(cut -d' ' -f1-3 /proc/loadavg
 echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs callers; do
     f=$(median <"$tmp/$label.ferry")
     g=$(median <"$tmp/$label.fio")
-    line=$(printf '%-30s ferry %10s   fio %10s %s   ferry/fio %s' "$label" "$f" "$g" "$unit" \
-        "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')")
+    line=$(printf '%-30s ferry %10s   fio %10s %s   ferry/fio %s   pairs %s' "$label" "$f" \
+        "$g" "$unit" "$(awk -v f="$f" -v g="$g" 'BEGIN {printf "%.2f", f / g}')" \
+        "$(median <"$tmp/$label.pairs")")
     if [ -n "$base" ]; then
         b=$(median <"$tmp/$label.base")
         line="$line$(printf '   base %10s   ferry/base %s' "$b" \

@@ -221,6 +221,46 @@ Test(storage, threads_cold_cache_no_spin)
     ferry_segment_close(engine, segment);
 }
 
+/* The spinning thread leaves a lone op just queued to its submitter's
+ * wait; a submitter that never waits (it polls the status) must still see
+ * it done: the spinning thread takes it once it is no longer fresh. */
+Test(storage, threads_lone_op_done_without_wait)
+{
+    enum { LEN = 1000 };
+    setenv("FERRY_FILE_SPIN_US", "2000000", 1); /* a thread spins for the whole test */
+    start("threads");
+    unsetenv("FERRY_FILE_SPIN_US");
+    make_file("/tmp");
+    ferry_segment_h segment;
+    uintptr_t addr = owner_start(path, 0, &segment);
+    unsigned char pattern[4096];
+    test_pattern_fill(pattern, sizeof(pattern), 11);
+    file_write(path, OFFSET, pattern, sizeof(pattern));
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fdatasync(fd), 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    /* unaligned and not cached: queued for a pool thread, not done inline */
+    ferry_request_t req = {.opcode = FERRY_OP_READ, .local = local + 1, .target = segment,
+                           .target_offset = addr + 1, .length = LEN, .transport = "file"};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    ferry_xfer_status_t xs = {0};
+    for (int i = 0; i < 50000; i++) { /* 5 s */
+        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+        if (xs.state != FERRY_XFER_PENDING)
+            break;
+        usleep(100);
+    }
+    cr_assert_eq(xs.state, FERRY_XFER_COMPLETED, "state %d error %d", xs.state, xs.error);
+    cr_assert_eq(ferry_batch_wait(batch, 10000), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    cr_assert_eq(memcmp(local + 1, pattern + 1, LEN), 0);
+    ferry_segment_close(engine, segment);
+}
+
 Test(storage, buffered_only)
 {
     start("uring");

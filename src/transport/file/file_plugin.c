@@ -29,9 +29,10 @@ const ferry_setting_t ferry_file_settings_table[] = {
      offsetof(ferry_file_settings_t, dev_root), FERRY_SETTING_STRING},
     {"WWID_MAP", "", "WWID=PATH[;WWID=PATH...]: namespaces attached here under other names",
      offsetof(ferry_file_settings_t, wwid_map), FERRY_SETTING_STRING},
-    {"SPIN_US", "50", "microseconds an idle thread of the threads engine looks for new work "
-     "before it sleeps (0: sleeps at once)", offsetof(ferry_file_settings_t, spin_us),
-     FERRY_SETTING_UINT},
+    {"SPIN_US", "50",
+     "microseconds without a new op after which the idle thread of the "
+     "threads engine that looks for work sleeps (0: sleeps at once)",
+     offsetof(ferry_file_settings_t, spin_us), FERRY_SETTING_UINT},
 };
 const size_t ferry_file_settings_count =
     sizeof(ferry_file_settings_table) / sizeof(ferry_file_settings_table[0]);

@@ -10,11 +10,16 @@
  *   RWF_NOWAIT: the kernel does it only if it need not wait (a copy from
  *   or to cached pages), else says EAGAIN and the op is queued.  Submit
  *   never waits for the device.
- * - a thread that runs out of work looks for more for FERRY_FILE_SPIN_US
- *   before it sleeps, yielding its core between looks (one thread at a
- *   time, so it costs at most one core): the next request of a steady
- *   stream, submitted a few microseconds after the last completion, is
- *   taken without a wake-up.
+ * - a thread that runs out of work looks for more, yielding its core
+ *   between looks (one thread at a time, so it costs at most one core),
+ *   until no op was queued for FERRY_FILE_SPIN_US: the next request of a
+ *   steady stream is taken without a wake-up, and a stream whose gaps
+ *   are longer than the spin (callers each doing their own direct I/O)
+ *   does not send it to sleep and wake it again for every op.
+ * - that thread leaves a lone op queued less than FRESH_US ago: its
+ *   submitter is most likely about to wait for it, and then does it
+ *   itself (progress, below), as a psync job would; taken by a pool
+ *   thread, the op costs the submitter a sleep and a wake-up instead.
  * - sleeping threads wait on one futex word: start wakes, once per chain
  *   of ops, only as many as the spinning thread does not cover.
  * - a thread takes its share of a long queue at once (one lock for many).
@@ -42,6 +47,9 @@
 /* Inline (RWF_NOWAIT) attempts and the waiter's ops are this small at
  * most: more would hold the submitting or waiting thread too long. */
 #define INLINE_MAX ((size_t)256 << 10)
+/* An op queued this recently is left to its submitter's wait by the
+ * spinning thread (worth_taking). */
+#define FRESH_US 20
 
 typedef struct pool {
     ferry_file_t *file;
@@ -52,6 +60,7 @@ typedef struct pool {
     atomic_uint sleepers; /* threads in (or going into) the futex wait */
     atomic_uint seq;      /* the futex word: changes when there is work */
     atomic_int stopping;
+    atomic_uint_fast64_t last_start_us; /* when start last queued an op */
     unsigned spin_us;
     unsigned n_threads;
     pthread_t *threads;
@@ -102,25 +111,49 @@ static ferry_file_op_t *take_share(pool_t *pool)
     return take(pool, 1 + (queued - 1) / pool->n_threads);
 }
 
-/* Look for work awake for spin_us, if no other thread does; NULL when
- * none came (or stopping). */
+/* Microseconds from then to now; 0 when another thread's clock read
+ * (then) came after ours (now). */
+static uint64_t since(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
+}
+
+/* Whether the spinning thread should take the queue's ops now: not while
+ * the only one is fresh, which its submitter will most likely do itself in
+ * ferry_batch_wait (progress) a few microseconds from now. */
+static int worth_taking(pool_t *pool, uint64_t now)
+{
+    unsigned queued = atomic_load_explicit(&pool->queued, memory_order_relaxed);
+    if (queued == 0)
+        return 0;
+    return queued > 1 ||
+           since(now, atomic_load_explicit(&pool->last_start_us, memory_order_relaxed)) >= FRESH_US;
+}
+
+/* Look for work awake, if no other thread does, until no op came for
+ * spin_us; NULL when none came (or stopping). */
 static ferry_file_op_t *spin_for_work(pool_t *pool)
 {
     unsigned expected = 0;
     if (pool->spin_us == 0 || !atomic_compare_exchange_strong(&pool->spinning, &expected, 1))
         return NULL;
     ferry_file_op_t *ops = NULL;
-    uint64_t start = ferry_time_us();
+    uint64_t last = ferry_time_us();
     while (!atomic_load_explicit(&pool->stopping, memory_order_relaxed)) {
-        if (atomic_load_explicit(&pool->queued, memory_order_relaxed) > 0 &&
-            (ops = take_share(pool)) != NULL)
+        uint64_t now = ferry_time_us();
+        if (worth_taking(pool, now) && (ops = take_share(pool)) != NULL)
             break;
+        uint64_t started = atomic_load_explicit(&pool->last_start_us, memory_order_relaxed);
+        if (started > last)
+            last = started; /* a steady stream keeps one thread looking */
+        if (since(now, last) >= pool->spin_us) {
+            ops = take_share(pool); /* not asleep with an op queued */
+            break;
+        }
         /* not a pause: with fewer cores than busy threads (a VM), the
          * core is better given to whoever has work, such as a thread whose
          * I/O completed, or the submitter */
         sched_yield();
-        if (ferry_time_us() - start >= pool->spin_us)
-            break;
     }
     atomic_store(&pool->spinning, 0);
     return ops;
@@ -249,6 +282,7 @@ static void pool_start(void *engine, ferry_file_op_t *ops)
     }
     if (n == 0)
         return;
+    atomic_store_explicit(&pool->last_start_us, ferry_time_us(), memory_order_relaxed);
     pthread_mutex_lock(&pool->lock);
     *pool->tail = first;
     pool->tail = &last->next;
