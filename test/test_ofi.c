@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ferry/ferry.h>
-#include <glob.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +25,7 @@
 #include <unistd.h>
 
 #include "capture_stderr.h"
+#include "ofi_shm_regions.h"
 #include "one_request.h"
 #include "peer_process.h"
 #include "put_get.h"
@@ -41,30 +41,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* libfabric 1.17's shm leaves a killed process's regions in /dev/shm
- * (16 MiB each), under the names the module gives its endpoints. */
-static size_t shm_regions_of(pid_t pid, int remove)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof(pattern), "/dev/shm/ferry-%ld-*", (long)pid);
-    glob_t found;
-    if (glob(pattern, 0, NULL, &found) != 0)
-        return 0;
-    size_t count = found.gl_pathc;
-    for (size_t i = 0; remove && i < count; i++)
-        unlink(found.gl_pathv[i]);
-    globfree(&found);
-    return count;
-}
-
-/* Kill a peer and remove what its shm endpoints left. */
-static void kill_peer(peer_process_t *peer)
-{
-    pid_t pid = peer->pid;
-    peer_kill(peer, SIGKILL);
-    shm_regions_of(pid, 1);
 }
 
 static ferry_engine_h engine;
@@ -102,7 +78,7 @@ static void stop(void)
 {
     if (stopped_peer > 0) {
         kill(stopped_peer, SIGKILL);
-        shm_regions_of(stopped_peer, 1);
+        ofi_shm_regions_of(stopped_peer, 1);
     }
     stopped_peer = 0;
     if (engine)
@@ -339,7 +315,7 @@ static void bystander_served_then_stop_both(peer_process_t *victim, ferry_segmen
     cr_assert_str_eq(peer_cmd(bystander, "check 0 %zu 8", 4 * MIB), "OK");
     if (sig != SIGKILL)
         kill(victim->pid, SIGKILL);
-    kill_peer(victim);
+    ofi_kill_peer(victim);
     ferry_segment_close(engine, victim_seg);
     ferry_segment_close(engine, bystander_seg);
     peer_stop(bystander);
@@ -472,7 +448,7 @@ static void restarted_peer(const char *provider)
     cr_assert_eq(ferry_segment_open(engine, first.name, &segment), FERRY_OK);
     test_pattern_fill(local, MIB, 1);
     cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, first.arena, MIB, "ofi"), FERRY_OK);
-    kill_peer(&first);
+    ofi_kill_peer(&first);
     char address[64];
     snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
     const char *env[] = {address, NULL};
@@ -846,7 +822,7 @@ static void victim_among_healthy(const char *provider, int sig)
 
     if (sig != SIGKILL)
         kill(victim.pid, SIGKILL);
-    kill_peer(&victim);
+    ofi_kill_peer(&victim);
     ferry_segment_close(engine, victim_seg);
     for (unsigned i = 0; i < HEALTHY; i++) {
         ferry_segment_close(engine, segments[i]);
@@ -894,10 +870,10 @@ Test(ofi, engine_leaves_nothing_in_dev_shm)
     cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", MIB), "OK");
     cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
     cr_assert_eq(transfer(FERRY_OP_WRITE, local, segment, peer.arena, MIB, "ofi"), FERRY_OK);
-    cr_assert_gt(shm_regions_of(getpid(), 0), 0, "no region under our pid: names changed?");
+    cr_assert_gt(ofi_shm_regions_of(getpid(), 0), 0, "no region under our pid: names changed?");
     ferry_segment_close(engine, segment);
     peer_stop(&peer);
     ferry_engine_destroy(engine);
     engine = NULL;
-    cr_assert_eq(shm_regions_of(getpid(), 0), 0, "regions left in /dev/shm");
+    cr_assert_eq(ofi_shm_regions_of(getpid(), 0), 0, "regions left in /dev/shm");
 }

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "ofi_mr_shim.h"
+#include "ofi_shm_regions.h"
 #include "one_request.h"
 #include "peer_process.h"
 #include "put_get.h"
@@ -54,26 +55,6 @@ static char violations[64];
 static pid_t stopped_peer; /* killed by stop() even after a failed assertion */
 static unsigned char *local;
 static const size_t local_size = 40 * MIB;
-
-/* Remove what a killed peer's shm endpoints left in /dev/shm. */
-static void remove_shm_regions_of(pid_t pid)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof(pattern), "/dev/shm/ferry-%ld-*", (long)pid);
-    glob_t found;
-    if (glob(pattern, 0, NULL, &found) != 0)
-        return;
-    for (size_t i = 0; i < found.gl_pathc; i++)
-        unlink(found.gl_pathv[i]);
-    globfree(&found);
-}
-
-static void kill_peer(peer_process_t *peer)
-{
-    pid_t pid = peer->pid;
-    peer_kill(peer, SIGKILL);
-    remove_shm_regions_of(pid);
-}
 
 /* The peers this test starts run under the shim too.  Their ASan runtime
  * would refuse a library preloaded ahead of it; the shim needs no place
@@ -142,7 +123,7 @@ static void stop(void)
     violations_seen();
     if (stopped_peer > 0) {
         kill(stopped_peer, SIGKILL);
-        remove_shm_regions_of(stopped_peer);
+        ofi_shm_regions_of(stopped_peer, 1);
     }
     stopped_peer = 0;
     if (engine)
@@ -543,7 +524,7 @@ static void lane_replaced_under(const char *modes)
     free(plain);
 
     kill(victim.pid, SIGKILL);
-    kill_peer(&victim);
+    ofi_kill_peer(&victim);
     stopped_peer = 0;
     ferry_segment_close(engine, victim_seg);
     ferry_segment_close(engine, bystander_seg);
@@ -578,7 +559,7 @@ static void restarted_target_under(const char *provider, const char *modes)
     cr_assert_eq(
         one_request_served_by(engine, FERRY_OP_WRITE, local, segment, first.arena, MIB, "ofi"),
         FERRY_OK);
-    kill_peer(&first);
+    ofi_kill_peer(&first);
     char address[64];
     snprintf(address, sizeof(address), "FERRY_RPC_ADDRESS=127.0.0.1:%d", peer_port(&first));
     const char *env[] = {address, NULL};
