@@ -23,16 +23,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-void ferry_ofi_posted_link(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
+/* The lists alone (caller holds p->lock); the counters busy_peers and
+ * busy are the callers'. */
+static void posted_push(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
 {
-    if (p->posted + p->pending == 0)
-        atomic_fetch_add_explicit(&p->ofi->busy_peers, 1, memory_order_release);
     op->prev = NULL;
     op->next = p->posted_ops;
     if (p->posted_ops != NULL)
         p->posted_ops->prev = op;
     p->posted_ops = op;
     p->posted++;
+}
+
+static ferry_ofi_op_t *pending_take_head(ferry_ofi_peer_t *p)
+{
+    ferry_ofi_op_t *op = p->pending_head;
+    p->pending_head = op->next;
+    if (p->pending_head == NULL)
+        p->pending_tail = NULL;
+    op->next = NULL;
+    p->pending--;
+    return op;
+}
+
+void ferry_ofi_posted_link(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
+{
+    if (p->posted + p->pending == 0)
+        atomic_fetch_add_explicit(&p->ofi->busy_peers, 1, memory_order_release);
+    posted_push(p, op);
     atomic_store_explicit(&p->busy, p->posted + p->pending, memory_order_relaxed);
 }
 
@@ -85,14 +103,9 @@ void ferry_ofi_pending_push_front(ferry_ofi_peer_t *p, ferry_ofi_op_t *op)
 
 ferry_ofi_op_t *ferry_ofi_pending_pop(ferry_ofi_peer_t *p)
 {
-    ferry_ofi_op_t *op = p->pending_head;
-    if (op == NULL)
-        return NULL;
-    p->pending_head = op->next;
     if (p->pending_head == NULL)
-        p->pending_tail = NULL;
-    op->next = NULL;
-    p->pending--;
+        return NULL;
+    ferry_ofi_op_t *op = pending_take_head(p);
     atomic_fetch_sub_explicit(&p->ofi->pending_ops, 1, memory_order_release);
     if (p->posted + p->pending == 0)
         atomic_fetch_sub_explicit(&p->ofi->busy_peers, 1, memory_order_release);
@@ -224,17 +237,8 @@ static int post(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, fi_addr_t addr, ferry_
  * on a word the progress threads read, for each op of an 8 B write. */
 static ferry_ofi_op_t *pending_to_posted(ferry_ofi_peer_t *p)
 {
-    ferry_ofi_op_t *op = p->pending_head;
-    p->pending_head = op->next;
-    if (p->pending_head == NULL)
-        p->pending_tail = NULL;
-    p->pending--;
-    op->prev = NULL;
-    op->next = p->posted_ops;
-    if (p->posted_ops != NULL)
-        p->posted_ops->prev = op;
-    p->posted_ops = op;
-    p->posted++;
+    ferry_ofi_op_t *op = pending_take_head(p);
+    posted_push(p, op);
     return op;
 }
 
