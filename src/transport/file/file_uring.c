@@ -163,9 +163,12 @@ static unsigned reap_locked(uring_t *u, int is_reaper)
 {
     struct io_uring_cqe *cqe;
     unsigned finished = 0, seen = 0, head;
-    (void)atomic_load_explicit(&u->submitted, memory_order_acquire);
     io_uring_for_each_cqe(&u->ring, head, cqe)
     {
+        /* after the completion was seen (its submit's add is then
+         * visible), not before the loop: a sitter or progress call may
+         * look at the queue before the submitter added */
+        (void)atomic_load_explicit(&u->submitted, memory_order_acquire);
         ferry_file_op_t *op = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         seen++;
