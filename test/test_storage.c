@@ -948,13 +948,16 @@ static void *caller_loop(void *arg)
 }
 
 /* Several callers on one ring: one sits, the others sleep beside it and
- * are woken by whoever reaps their completions; every byte checked. */
+ * are woken by whoever reaps their completions, and (a queue of 2) submits
+ * wait for room; every byte checked. */
 static void several_callers(const char *io_engine)
 {
     enum { CALLERS = 4 };
     setenv("FERRY_WAIT_SPIN", "0", 1);
+    setenv("FERRY_FILE_QUEUE_DEPTH", "2", 1);
     start(io_engine);
     unsetenv("FERRY_WAIT_SPIN");
+    unsetenv("FERRY_FILE_QUEUE_DEPTH");
     make_file("/tmp");
     ferry_segment_h segment;
     uintptr_t addr = owner_start(path, 0, &segment);

@@ -87,6 +87,12 @@ typedef struct uring {
     int ext_arg;             /* the kernel takes a timeout with GETEVENTS */
 } uring_t;
 
+static void wake_reaper(uring_t *u)
+{
+    if (atomic_exchange(&u->nap, 0) == 1)
+        ferry_futex_wake(&u->nap, 1);
+}
+
 /* Queue op's next piece; caller holds lock, and in_flight leaves room. */
 static void prepare(uring_t *u, ferry_file_op_t *op)
 {
@@ -120,6 +126,7 @@ static void uring_start(void *engine, ferry_file_op_t *ops)
         op->next = NULL;
         while (u->in_flight >= u->depth) {
             submit_locked(u); /* what is queued goes before we wait */
+            wake_reaper(u);   /* room comes from reaping: not after a nap */
             pthread_cond_wait(&u->space, &u->lock);
         }
         u->in_flight++;
@@ -191,12 +198,6 @@ static unsigned reap_locked(uring_t *u, int is_reaper)
         pthread_mutex_unlock(&u->lock);
     }
     return seen;
-}
-
-static void wake_reaper(uring_t *u)
-{
-    if (atomic_exchange(&u->nap, 0) == 1)
-        ferry_futex_wake(&u->nap, 1);
 }
 
 /* Whether the reaper keeps out of the ring: callers sit or sat since its
