@@ -208,14 +208,48 @@ static void drive_progress(ferry_batch_t *batch, int timeout_ms)
             engine->progress[i]->ops->progress(engine->progress[i]->ctx);
 }
 
-/* Sleep on the pending word until its count is 0 (FERRY_ERR_TIMEOUT after
- * timeout_ms, unless negative).  The sleeper bit is set before sleeping, so
- * the finisher that counts down to 0 sees it and wakes us. */
-static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
+static int batch_done(void *batch)
 {
-    struct timespec deadline;
-    if (timeout_ms >= 0)
-        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, (unsigned)timeout_ms);
+    return batch_pending(batch) == 0;
+}
+
+/*
+ * The transport a waiter may block in (its `wait` op), or NULL.  A waiter
+ * asleep on the pending word costs a hand-off per completion: the
+ * transport's thread takes the event, then wakes the waiter (io_uring: three
+ * context switches where a thread asleep in the ring takes one).  Blocking
+ * in the transport is right only when every request of the round is that
+ * transport's: a request elsewhere (another transport, a local copy) would
+ * finish without an event there.  Runs keep their transport once submit
+ * returns (a refused launch resolves again inside submit, under
+ * submit_lock), so one look per blocking wait, after the spin, suffices;
+ * requests finished already count too (conservative, never wrong).
+ */
+static ferry_transport_instance_t *wait_transport(ferry_batch_t *batch)
+{
+    ferry_engine_t *engine = batch->engine;
+    int transport = -1;
+    ferry_lock_acquire(&batch->submit_lock);
+    for (size_t r = 0; r < batch->runs_used; r++) {
+        int t = batch->runs[r].transport;
+        if (t < 0 || (transport >= 0 && t != transport)) {
+            transport = -1;
+            break;
+        }
+        transport = t;
+    }
+    ferry_lock_release(&batch->submit_lock);
+    if (transport < 0 || !FERRY_TRANSPORT_OPS_HAS(engine->transports[transport].ops, wait))
+        return NULL;
+    return &engine->transports[transport];
+}
+
+/* Sleep on the pending word until its count is 0 (FERRY_ERR_TIMEOUT at
+ * the deadline, unless NULL).  The sleeper bit is set before sleeping, so
+ * the finisher that counts down to 0 sees it and wakes us. */
+static ferry_status_t sleep_on_word(void *arg, const struct timespec *deadline)
+{
+    ferry_batch_t *batch = arg;
     unsigned word = atomic_load_explicit(&batch->pending, memory_order_acquire);
     while (PENDING_COUNT(word) > 0) {
         if (!(word & PENDING_SLEEPER) &&
@@ -224,13 +258,31 @@ static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
                                                    memory_order_acquire,
                                                    memory_order_acquire))
             continue; /* word is the new value */
-        if (ferry_futex_wait(&batch->pending, word | PENDING_SLEEPER,
-                             timeout_ms >= 0 ? &deadline : NULL) == ETIMEDOUT &&
+        if (ferry_futex_wait(&batch->pending, word | PENDING_SLEEPER, deadline) == ETIMEDOUT &&
             batch_pending(batch) > 0)
             return FERRY_ERR_TIMEOUT;
         word = atomic_load_explicit(&batch->pending, memory_order_acquire);
     }
     return FERRY_OK;
+}
+
+/* Sleep until the pending count is 0 (FERRY_ERR_TIMEOUT after timeout_ms,
+ * unless negative): in the transport that holds the round, where it offers
+ * that (its wait op, which may sleep on the word itself), else on the word. */
+static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
+{
+    struct timespec deadline;
+    if (timeout_ms >= 0)
+        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, (unsigned)timeout_ms);
+    const struct timespec *until = timeout_ms >= 0 ? &deadline : NULL;
+    ferry_transport_instance_t *waiter = wait_transport(batch);
+    if (waiter == NULL)
+        return sleep_on_word(batch, until);
+    ferry_wait_t wait = {.done = batch_done, .sleep = sleep_on_word, .arg = batch,
+                         .deadline = until};
+    if (waiter->ops->wait(waiter->ctx, &wait) == FERRY_OK || batch_pending(batch) == 0)
+        return FERRY_OK;
+    return FERRY_ERR_TIMEOUT;
 }
 
 ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)
