@@ -95,12 +95,3 @@ void ferry_ticks_init(void)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, calibrate);
 }
-
-uint64_t ferry_ticks_to_ns(uint64_t ticks)
-{
-#if FERRY_TICKS_HAVE_TSC
-    if (ferry_ticks_tsc)
-        return (uint64_t)(((unsigned __int128)ticks * ferry_ticks_ns_mult) >> 32);
-#endif
-    return ticks;
-}

@@ -75,7 +75,16 @@ static inline uint64_t ferry_ticks(void)
 #endif
     return ferry_ticks_clock_ns();
 }
-uint64_t ferry_ticks_to_ns(uint64_t ticks);
+/* An interval in ticks, in nanoseconds (inline: the statistics convert one
+ * per completion call). */
+static inline uint64_t ferry_ticks_to_ns(uint64_t ticks)
+{
+#if FERRY_TICKS_HAVE_TSC
+    if (ferry_ticks_tsc)
+        return (uint64_t)(((unsigned __int128)ticks * ferry_ticks_ns_mult) >> 32);
+#endif
+    return ticks;
+}
 
 /* ---- deadline_heap.c: the earliest of many deadlines, O(log n) per change ---- */
 #define FERRY_DEADLINE_UNQUEUED SIZE_MAX
