@@ -23,16 +23,11 @@
 int ferry_ticks_tsc;
 uint64_t ferry_ticks_ns_mult = (uint64_t)1 << 32; /* ns = ticks * mult >> 32 */
 
-static uint64_t monotonic_ns(void)
+uint64_t ferry_ticks_clock_ns(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-}
-
-uint64_t ferry_ticks_clock_ns(void)
-{
-    return monotonic_ns();
 }
 
 #if FERRY_TICKS_HAVE_TSC
@@ -54,7 +49,7 @@ static int kernel_uses_tsc(void)
 static int clock_pair(uint64_t *ns_p, uint64_t *tsc_p)
 {
     uint64_t before = __builtin_ia32_rdtsc();
-    uint64_t ns = monotonic_ns();
+    uint64_t ns = ferry_ticks_clock_ns();
     uint64_t after = __builtin_ia32_rdtsc();
     if (after - before > 100000) /* tens of us at any TSC rate */
         return 0;
@@ -73,7 +68,7 @@ static void calibrate(void)
     for (int tries = 0; tries < 8; tries++) {
         if (!clock_pair(&ns0, &tsc0))
             continue;
-        while (monotonic_ns() - ns0 < 200000)
+        while (ferry_ticks_clock_ns() - ns0 < 200000)
             ;
         if (clock_pair(&ns1, &tsc1) && tsc1 > tsc0)
             break;

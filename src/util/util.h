@@ -65,6 +65,7 @@ extern uint64_t ferry_ticks_ns_mult;
 /* Measure the rate once per process (a 200 us spin the first time); call
  * before reading ticks. */
 void ferry_ticks_init(void);
+/* CLOCK_MONOTONIC in nanoseconds: the ticks where there is no TSC to read. */
 uint64_t ferry_ticks_clock_ns(void);
 /* Now, in ticks: only differences mean something (ferry_ticks_to_ns). */
 static inline uint64_t ferry_ticks(void)
