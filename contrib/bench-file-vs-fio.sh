@@ -22,6 +22,10 @@
 #   Rounds alternate the order (even rounds run fio first); the medians
 #   add the median of each round's ferry/fio ("pairs"), which drift
 #   between rounds cancels out of.
+#   COUNTS=1: each ferry, base and fio run of an iops case runs under
+#   `perf stat` (system calls, io_uring_enter and futex calls, context
+#   switches, wake-ups), and a line per run gives each count per I/O (of
+#   the whole process: the target and setup of ferry_bench included).
 set -eu
 . "$(dirname "$0")/bench-lib.sh"
 build=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -37,11 +41,27 @@ command -v fio >/dev/null || { echo "fio is not installed (contrib/install-deps.
 [ -x "$bench" ] || { echo "no ferry_bench in $build" >&2; exit 1; }
 [ -z "$base" ] || [ -x "$base" ] || { echo "no ferry_bench in $BASE" >&2; exit 1; }
 
+# COUNTS=1: the runs' counter, and each count per I/O of the run just made
+count_events=raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_futex
+count_events=$count_events,context-switches,sched:sched_wakeup
+counter() { # command...
+    if [ "${COUNTS:-0}" = 1 ]; then perf stat -x, -e "$count_events" -o "$tmp/counts" "$@"
+    else "$@"; fi
+}
+counts_per_io() { # who rate unit
+    [ "${COUNTS:-0}" = 1 ] && [ "$3" = iops ] && [ -s "$tmp/counts" ] || return 0
+    awk -F, -v who="$1" -v ios="$(awk -v r="$2" -v s="$seconds" 'BEGIN {print r * s}')" '
+        /^[0-9]/ {n = $3; sub(/^.*:(sys_enter_)?/, "", n)
+                  line = line sprintf(" %s %.3f", n, $1 / ios)}
+        END {printf "  per I/O, %s:%s\n", who, line}' "$tmp/counts"
+    rm -f "$tmp/counts"
+}
+
 # fio: one job; prints IOPS or GB/s (10^9 bytes) of the operation
 fio_run() { # engine rw bs iodepth unit [numjobs]
     op=read
     case $2 in *write) op=write ;; esac
-    fio --name=bench --filename="$file" --size="$size" --ioengine="$1" --rw="$2" --bs="$3" \
+    counter fio --name=bench --filename="$file" --size="$size" --ioengine="$1" --rw="$2" --bs="$3" \
         --iodepth="$4" --numjobs="${6:-1}" --group_reporting --direct="$direct" --time_based \
         --runtime="$seconds" --norandommap --randrepeat=0 --output-format=json 2>/dev/null |
         python3 -c 'import json,sys
@@ -51,7 +71,7 @@ print("%.0f" % d["iops"] if sys.argv[2] == "iops" else "%.4f" % (d["bw_bytes"] /
 
 # ferry_bench: requests in flight = callers x window (one request per batch)
 ferry_run() { # bench engine op bs in_flight unit random callers
-    FERRY_FILE_ENGINE=$2 FERRY_FILE_THREADS=${THREADS:-4} \
+    counter env FERRY_FILE_ENGINE="$2" FERRY_FILE_THREADS="${THREADS:-4}" \
         FERRY_MODULE_DIR="$(dirname "$1")/modules/.libs" "$1" --spawn \
         --remote-memory=file:"$file" --buffer-size="$size" --operation="$3" --block-size="$4" \
         --batch-size=1 --threads="$8" --window=$(($5 / $8)) $7 \
@@ -109,18 +129,21 @@ for run in $(seq "$runs"); do
             [ "${PRECONDITION:-1}" = 0 ] || layout
             g=$(fio_run "$fioe" "$rw" "$bs" $((depth / jobs)) "$unit" "$jobs")
         }
-        [ $((run % 2)) = 1 ] || fio_case
+        [ $((run % 2)) = 1 ] || { fio_case; counts_per_io fio "$g" "$unit" >>"$tmp/lines"; }
         f=$(ferry_run "$bench" "$fe" "$op" "$bs" "$depth" "$unit" "$random" "$callers")
+        counts_per_io ferry "$f" "$unit" >>"$tmp/lines"
         b=-
         [ -z "$base" ] || b=$(ferry_run "$base" "$fe" "$op" "$bs" "$depth" "$unit" "$random" \
                                         "$callers")
-        [ $((run % 2)) = 0 ] || fio_case
+        [ -z "$base" ] || counts_per_io base "$b" "$unit" >>"$tmp/lines"
+        [ $((run % 2)) = 0 ] || { fio_case; counts_per_io fio "$g" "$unit" >>"$tmp/lines"; }
         echo "$f" >>"$tmp/$label.ferry"
         echo "$b" >>"$tmp/$label.base"
         echo "$g" >>"$tmp/$label.fio"
         awk -v f="$f" -v g="$g" 'BEGIN {printf "%.3f\n", f / g}' >>"$tmp/$label.pairs"
         printf 'run %s %-30s ferry %10s   base %10s   fio %10s %s   load %s\n' "$run" "$label" \
             "$f" "$b" "$g" "$unit" "$(cut -d' ' -f1 /proc/loadavg)"
+        [ ! -s "$tmp/lines" ] || { cat "$tmp/lines"; rm -f "$tmp/lines"; }
     done
 done
 echo "medians of $runs runs (load average after: $(cut -d' ' -f1-3 /proc/loadavg)):"

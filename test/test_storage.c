@@ -878,3 +878,198 @@ Test(storage, unregister_during_served_io)
 {
     unregister_during_io_as(1);
 }
+
+/* ---- waiting in the ring (README.md, "Waiting in the ring") ---- */
+
+#define BIG (64 * MIB)
+
+/* The peer registers [0, +length) of a new file in /tmp holding a
+ * pattern (seed), written through to the disk so that O_DIRECT reads go to
+ * it (not to holes, which the file system fills at once). */
+static uintptr_t big_owner_start(size_t length, unsigned seed, ferry_segment_h *segment_p)
+{
+    snprintf(path, sizeof(path), "/tmp/ferry-storage-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unsigned char *pattern = malloc(length);
+    cr_assert_not_null(pattern);
+    test_pattern_fill(pattern, length, seed);
+    cr_assert_eq(ferry_storage_full_io(fd, 1, pattern, length, 0, 0), FERRY_OK);
+    cr_assert_eq(fdatasync(fd), 0);
+    close(fd);
+    free(pattern);
+    uintptr_t addr = 0;
+    cr_assert_eq(peer_start(&peer, NULL), 0);
+    peer_running = 1;
+    const char *reply = peer_cmd(&peer, "sreg 0 %zu 0 %s rw", length, path);
+    cr_assert_eq(sscanf(reply, "SREG %" SCNxPTR, &addr), 1, "%s", reply);
+    cr_assert_eq(ferry_segment_open(engine, peer.name, segment_p), FERRY_OK);
+    return addr;
+}
+
+typedef struct caller {
+    ferry_segment_h segment;
+    uintptr_t addr;        /* this caller's 4 KiB blocks start here */
+    unsigned id;
+    int failed;            /* the round that failed, plus one */
+} caller_t;
+
+/* Rounds of a 4 KiB direct write and its read back, each waited for alone
+ * (no spin: each wait sleeps, in the ring or beside its sitter). */
+static void *caller_loop(void *arg)
+{
+    enum { ROUNDS = 100 };
+    caller_t *c = arg;
+    unsigned char *mine = local + c->id * 2 * 4096, *back = mine + 4096;
+    ferry_batch_h batch;
+    if (ferry_batch_create(engine, 1, &batch) != FERRY_OK) {
+        c->failed = 1;
+        return NULL;
+    }
+    for (unsigned round = 0; round < ROUNDS && !c->failed; round++) {
+        unsigned seed = c->id * 1000 + round;
+        uint64_t at = c->addr + (uint64_t)(round % 16) * 4096;
+        test_pattern_fill(mine, 4096, seed);
+        ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = mine, .target = c->segment,
+                               .target_offset = at, .length = 4096, .transport = "file"};
+        memset(back, 0, 4096);
+        if (ferry_batch_submit(batch, &req, 1) != FERRY_OK ||
+            ferry_batch_wait(batch, 20000) != FERRY_OK)
+            c->failed = (int)round + 1;
+        req.opcode = FERRY_OP_READ;
+        req.local = back;
+        if (!c->failed && (ferry_batch_submit(batch, &req, 1) != FERRY_OK ||
+                           ferry_batch_wait(batch, 20000) != FERRY_OK ||
+                           test_pattern_check(back, 4096, seed) != SIZE_MAX))
+            c->failed = (int)round + 1;
+    }
+    ferry_batch_destroy(batch);
+    return NULL;
+}
+
+/* Several callers on one ring: one sits, the others sleep beside it and
+ * are woken by whoever reaps their completions, and (a queue of 2) submits
+ * wait for room; every byte checked. */
+static void several_callers(const char *io_engine)
+{
+    enum { CALLERS = 4 };
+    setenv("FERRY_WAIT_SPIN", "0", 1);
+    setenv("FERRY_FILE_QUEUE_DEPTH", "2", 1);
+    start(io_engine);
+    unsetenv("FERRY_WAIT_SPIN");
+    unsetenv("FERRY_FILE_QUEUE_DEPTH");
+    make_file("/tmp");
+    ferry_segment_h segment;
+    uintptr_t addr = owner_start(path, 0, &segment);
+    caller_t callers[CALLERS];
+    pthread_t threads[CALLERS];
+    for (unsigned i = 0; i < CALLERS; i++) {
+        callers[i] = (caller_t){.segment = segment, .addr = addr + i * 16 * 4096, .id = i};
+        cr_assert_eq(pthread_create(&threads[i], NULL, caller_loop, &callers[i]), 0);
+    }
+    for (unsigned i = 0; i < CALLERS; i++) {
+        pthread_join(threads[i], NULL);
+        cr_assert_eq(callers[i].failed, 0, "caller %u: round %d failed", i,
+                     callers[i].failed - 1);
+    }
+    ferry_segment_close(engine, segment);
+}
+
+Test(storage, several_callers_one_ring_uring)
+{
+    several_callers("uring");
+}
+
+Test(storage, several_callers_threads)
+{
+    several_callers("threads");
+}
+
+/* A 64 MiB direct read takes milliseconds: a wait of 1 ms, blocked in the
+ * ring, returns FERRY_ERR_TIMEOUT and the request goes on; the next wait
+ * sees it done, every byte right. */
+Test(storage, timeout_while_waiting_in_the_ring)
+{
+    start("uring");
+    ferry_segment_h segment;
+    uintptr_t addr = big_owner_start(BIG, 21, &segment);
+    unsigned char *buffer;
+    cr_assert_eq(posix_memalign((void **)&buffer, 4096, BIG), 0);
+    ferry_request_t req = {.opcode = FERRY_OP_READ, .local = buffer, .target = segment,
+                           .target_offset = addr, .length = BIG, .transport = "file"};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    uint64_t start_us = ferry_time_us();
+    cr_assert_eq(ferry_batch_wait(batch, 1), FERRY_ERR_TIMEOUT);
+    cr_assert_lt(ferry_time_us() - start_us, 5000000u, "the 1 ms wait took seconds");
+    cr_assert_eq(ferry_batch_wait(batch, 20000), FERRY_OK);
+    cr_assert_eq(test_pattern_check(buffer, BIG, 21), SIZE_MAX);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    free(buffer);
+    ferry_segment_close(engine, segment);
+}
+
+typedef struct big_waiter {
+    ferry_segment_h segment;
+    uintptr_t addr;
+    unsigned char *buffer;
+    atomic_int waiting;
+    ferry_status_t status;
+} big_waiter_t;
+
+static void *big_read_wait(void *arg)
+{
+    big_waiter_t *b = arg;
+    ferry_request_t req = {.opcode = FERRY_OP_READ, .local = b->buffer, .target = b->segment,
+                           .target_offset = b->addr, .length = BIG, .transport = "file"};
+    ferry_batch_h batch;
+    b->status = ferry_batch_create(engine, 1, &batch);
+    if (b->status != FERRY_OK)
+        return NULL;
+    b->status = ferry_batch_submit(batch, &req, 1);
+    atomic_store(&b->waiting, 1);
+    if (b->status == FERRY_OK)
+        b->status = ferry_batch_wait(batch, 20000);
+    ferry_batch_destroy(batch);
+    return NULL;
+}
+
+/* While a thread waits in the ring for a long read, another batch's request
+ * completes: the sitter takes its completion and finishes it, so its
+ * submitter, which only polls the status (no wait, no progress), sees it. */
+Test(storage, waiter_finishes_other_batches)
+{
+    start("uring");
+    big_waiter_t b = {0};
+    b.addr = big_owner_start(BIG + 4096, 22, &b.segment);
+    cr_assert_eq(posix_memalign((void **)&b.buffer, 4096, BIG), 0);
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, big_read_wait, &b), 0);
+    while (!atomic_load(&b.waiting))
+        usleep(100);
+    ferry_request_t req = {.opcode = FERRY_OP_READ, .local = local, .target = b.segment,
+                           .target_offset = b.addr + BIG, .length = 4096, .transport = "file"};
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    ferry_xfer_status_t xs = {0};
+    for (int i = 0; i < 50000; i++) { /* 5 s */
+        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+        if (xs.state != FERRY_XFER_PENDING)
+            break;
+        usleep(100);
+    }
+    cr_assert_eq(xs.state, FERRY_XFER_COMPLETED, "state %d error %d", xs.state, xs.error);
+    unsigned char *expect = malloc(BIG + 4096);
+    test_pattern_fill(expect, BIG + 4096, 22);
+    cr_assert_eq(memcmp(local, expect + BIG, 4096), 0);
+    cr_assert_eq(ferry_batch_wait(batch, 1000), FERRY_OK);
+    cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
+    pthread_join(thread, NULL);
+    cr_assert_eq(b.status, FERRY_OK);
+    cr_assert_eq(memcmp(b.buffer, expect, BIG), 0);
+    free(expect);
+    free(b.buffer);
+    ferry_segment_close(engine, b.segment);
+}

@@ -353,7 +353,8 @@ typedef struct ferry_stats {
  * Fill stats[0 .. min(max, n)) with the n entries of that kind and set
  * *count_p to n (stats may be NULL with max 0 to ask for n).  A snapshot
  * is taken while requests finish: each counter is read once, so an entry
- * may show a request in `requests` whose latency is not in yet.
+ * may show a request whose bytes are not in yet (`requests` is the sum of
+ * the latency buckets).
  */
 FERRY_API ferry_status_t ferry_stats_snapshot(ferry_engine_h engine, ferry_stats_kind_t kind,
                                               ferry_stats_t *stats, size_t max, size_t *count_p);

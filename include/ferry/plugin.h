@@ -290,6 +290,17 @@ typedef enum ferry_reach {
     FERRY_REACH_FALLBACK = 2,
 } ferry_reach_t;
 
+/* What a waiter gives a transport's wait op (ferry_transport_ops_t.wait). */
+typedef struct ferry_wait {
+    /* Whether the wait is over: cheap, any thread, called often. */
+    int (*done)(void *arg);
+    /* The waiter's own sleep until done or the deadline, woken by whoever
+     * finishes its requests: FERRY_OK or FERRY_ERR_TIMEOUT. */
+    ferry_status_t (*sleep)(void *arg, const struct timespec *deadline);
+    void *arg;
+    const struct timespec *deadline; /* absolute, CLOCK_MONOTONIC; NULL: none */
+} ferry_wait_t;
+
 typedef struct ferry_transport_ops {
     size_t size;
     ferry_status_t (*create)(const ferry_transport_services_t *svc, void **ctx_p);
@@ -368,6 +379,17 @@ typedef struct ferry_transport_ops {
      * others to finish as they would.  Never reports a slice CANCELED whose
      * bytes may still land.  Without it, nothing is cancelled. */
     void (*cancel)(void *ctx, const void *owner_lo, const void *owner_hi);
+    /* Optional: wait for w->done in this transport (README of the file
+     * transport, "Waiting in the ring"): block the calling thread where the
+     * transport's own events arrive (a completion queue, not a futex),
+     * finishing every completion it takes meanwhile, other batches'
+     * included (their waiters are woken as by the transport's thread), until
+     * w->done(w->arg) holds or w->deadline passes; or, where it cannot (say,
+     * another thread waits there already), call w->sleep and see that its
+     * own thread finishes the requests.  FERRY_OK or FERRY_ERR_TIMEOUT.
+     * ferry_batch_wait calls it, after its spin, when every request of the
+     * batch's round went to this transport.  Any thread, concurrently. */
+    ferry_status_t (*wait)(void *ctx, const struct ferry_wait *w);
 } ferry_transport_ops_t;
 
 /* Whether a transport's ops table (maybe of an older plugin, hence shorter)

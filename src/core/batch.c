@@ -88,7 +88,7 @@ static int submit_again(ferry_batch_t *batch, const ferry_request_t *in)
         batch->kept_entry = run->local_entry;
     run->local_accel = ferry_batch_run_local_memory(engine, run, req->one_slice.local);
     atomic_store_explicit(&run->left, 1, memory_order_relaxed);
-    run->submit_ns = batch->submit_ns;
+    run->submit_ticks = batch->submit_ticks;
     atomic_store_explicit(&batch->pending, 1, memory_order_release);
     ferry_batch_launch(engine, req); /* its slices are relinked, not cut again (prepare_slices) */
     return 1;
@@ -104,7 +104,7 @@ ferry_status_t ferry_batch_submit(ferry_batch_h handle, const ferry_request_t *r
         return FERRY_ERR_INVALID_PARAM;
     ferry_engine_t *engine = batch->engine;
     ferry_lock_acquire(&batch->submit_lock);
-    batch->submit_ns = engine->stats.enabled ? ferry_stats_now_ns() : 0;
+    batch->submit_ticks = engine->stats.enabled ? ferry_stats_now() : 0;
     if (batch_pending(batch) == 0 && count == 1 && batch->used == 1 &&
         submit_again(batch, requests)) {
         ferry_lock_release(&batch->submit_lock);
@@ -191,31 +191,80 @@ static ferry_descriptor_t *take_attached_notify(ferry_batch_t *batch, void **msg
     return desc;
 }
 
+/* Looks between two readings of the clock in drive_progress. */
+#define LOOKS_PER_CLOCK 8
+
 /* Before sleeping, poll the transports that can progress on our thread: a
  * short request then completes here, without the wakeup of a handoff from
- * the transport's thread (tens of microseconds on a busy host). */
+ * the transport's thread (tens of microseconds on a busy host).  The clock
+ * is read on every LOOKS_PER_CLOCK-th look, the first time to start the
+ * spin: a request done within that many looks (an 8 B write over shm takes
+ * a few) reads no clock (~23 ns a reading here, as much as a look), and the
+ * spin ends up to twice that many looks past spin_us. */
 static void drive_progress(ferry_batch_t *batch, int timeout_ms)
 {
     ferry_engine_t *engine = batch->engine;
     uint64_t spin_us = engine->settings.wait_spin_us;
-    if (engine->n_progress == 0 || spin_us == 0)
-        return;
     if (timeout_ms >= 0 && spin_us > (uint64_t)timeout_ms * 1000u)
         spin_us = (uint64_t)timeout_ms * 1000u;
-    uint64_t start = ferry_time_us();
-    while (batch_pending(batch) > 0 && ferry_time_us() - start < spin_us)
+    if (engine->n_progress == 0 || spin_us == 0)
+        return;
+    uint64_t start = 0;
+    for (unsigned looks = 1; batch_pending(batch) > 0; looks++) {
         for (size_t i = 0; i < engine->n_progress; i++)
             engine->progress[i]->ops->progress(engine->progress[i]->ctx);
+        if (looks % LOOKS_PER_CLOCK != 0)
+            continue;
+        uint64_t now = ferry_time_us();
+        if (looks == LOOKS_PER_CLOCK)
+            start = now;
+        else if (now - start >= spin_us)
+            break;
+    }
 }
 
-/* Sleep on the pending word until its count is 0 (FERRY_ERR_TIMEOUT after
- * timeout_ms, unless negative).  The sleeper bit is set before sleeping, so
- * the finisher that counts down to 0 sees it and wakes us. */
-static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
+static int batch_done(void *batch)
 {
-    struct timespec deadline;
-    if (timeout_ms >= 0)
-        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, (unsigned)timeout_ms);
+    return batch_pending(batch) == 0;
+}
+
+/*
+ * The transport a waiter may block in (its `wait` op), or NULL.  A waiter
+ * asleep on the pending word costs a hand-off per completion: the
+ * transport's thread takes the event, then wakes the waiter (io_uring: three
+ * context switches where a thread asleep in the ring takes one).  Blocking
+ * in the transport is right only when every request of the round is that
+ * transport's: a request elsewhere (another transport, a local copy) would
+ * finish without an event there.  Runs keep their transport once submit
+ * returns (a refused launch resolves again inside submit, under
+ * submit_lock), so one look per blocking wait, after the spin, suffices;
+ * requests finished already count too (conservative, never wrong).
+ */
+static ferry_transport_instance_t *wait_transport(ferry_batch_t *batch)
+{
+    ferry_engine_t *engine = batch->engine;
+    int transport = -1;
+    ferry_lock_acquire(&batch->submit_lock);
+    for (size_t r = 0; r < batch->runs_used; r++) {
+        int t = batch->runs[r].transport;
+        if (t < 0 || (transport >= 0 && t != transport)) {
+            transport = -1;
+            break;
+        }
+        transport = t;
+    }
+    ferry_lock_release(&batch->submit_lock);
+    if (transport < 0 || !FERRY_TRANSPORT_OPS_HAS(engine->transports[transport].ops, wait))
+        return NULL;
+    return &engine->transports[transport];
+}
+
+/* Sleep on the pending word until its count is 0 (FERRY_ERR_TIMEOUT at
+ * the deadline, unless NULL).  The sleeper bit is set before sleeping, so
+ * the finisher that counts down to 0 sees it and wakes us. */
+static ferry_status_t sleep_on_word(void *arg, const struct timespec *deadline)
+{
+    ferry_batch_t *batch = arg;
     unsigned word = atomic_load_explicit(&batch->pending, memory_order_acquire);
     while (PENDING_COUNT(word) > 0) {
         if (!(word & PENDING_SLEEPER) &&
@@ -224,13 +273,31 @@ static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
                                                    memory_order_acquire,
                                                    memory_order_acquire))
             continue; /* word is the new value */
-        if (ferry_futex_wait(&batch->pending, word | PENDING_SLEEPER,
-                             timeout_ms >= 0 ? &deadline : NULL) == ETIMEDOUT &&
+        if (ferry_futex_wait(&batch->pending, word | PENDING_SLEEPER, deadline) == ETIMEDOUT &&
             batch_pending(batch) > 0)
             return FERRY_ERR_TIMEOUT;
         word = atomic_load_explicit(&batch->pending, memory_order_acquire);
     }
     return FERRY_OK;
+}
+
+/* Sleep until the pending count is 0 (FERRY_ERR_TIMEOUT after timeout_ms,
+ * unless negative): in the transport that holds the round, where it offers
+ * that (its wait op, which may sleep on the word itself), else on the word. */
+static ferry_status_t sleep_until_done(ferry_batch_t *batch, int timeout_ms)
+{
+    struct timespec deadline;
+    if (timeout_ms >= 0)
+        ferry_deadline_after_ms(&deadline, CLOCK_MONOTONIC, (unsigned)timeout_ms);
+    const struct timespec *until = timeout_ms >= 0 ? &deadline : NULL;
+    ferry_transport_instance_t *waiter = wait_transport(batch);
+    if (waiter == NULL)
+        return sleep_on_word(batch, until);
+    ferry_wait_t wait = {.done = batch_done, .sleep = sleep_on_word, .arg = batch,
+                         .deadline = until};
+    if (waiter->ops->wait(waiter->ctx, &wait) == FERRY_OK || batch_pending(batch) == 0)
+        return FERRY_OK;
+    return FERRY_ERR_TIMEOUT;
 }
 
 ferry_status_t ferry_batch_wait(ferry_batch_h handle, int timeout_ms)

@@ -67,7 +67,7 @@ typedef struct request_run {
      * segment's peer entry, the engine's: it outlives the run; NULL: not
      * counted) and when its submit began. */
     ferry_peer_stats_t *stats;
-    uint64_t submit_ns;
+    uint64_t submit_ticks;
 } request_run_t;
 
 typedef struct request_state {
@@ -128,7 +128,7 @@ struct ferry_batch {
     ferry_segment_t *kept_segment; /* compared, never dereferenced */
     ferry_descriptor_t *kept_desc;
     uint64_t kept_version;
-    uint64_t submit_ns; /* submit_lock: the current submit's start, for its runs */
+    uint64_t submit_ticks; /* submit_lock: the current submit's start, for its runs */
     /* The local registry entry of the last request resolved, unreferenced:
      * unregistering clears it (ferry_batch_forget_entry) before the entry
      * can go, so while it is set it points at a live entry. */

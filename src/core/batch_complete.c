@@ -24,7 +24,9 @@ static inline void request_finish(request_state_t *req, settle_t *s)
 {
     request_run_t *run = req->run;
     if (s->run != run) {
-        if (s->batch != run->batch) {
+        if (s->run == NULL) { /* the call's first request: nothing to settle yet */
+            s->batch = run->batch;
+        } else if (s->batch != run->batch) {
             settle_all(s);
             s->batch = run->batch;
         } else {

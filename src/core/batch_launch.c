@@ -79,6 +79,23 @@ static ferry_status_t stage_slice(ferry_engine_t *engine, request_state_t *req, 
 static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t *req,
                                          const slice_plan_t *plan);
 
+/* The request's slices were cut at an earlier launch for its run's
+ * resolution and local entry (a request submitted again): relinked, they
+ * go out as they are, with no plan read.  Slices kept so are never staged
+ * (staged ones are cut anew each launch). */
+static inline int slices_ready(const request_state_t *req)
+{
+    return req->slices_made && req->slices_entry == req->run->local_entry;
+}
+
+static inline void slices_relink(request_state_t *req)
+{
+    req->staged = 0;
+    for (size_t i = 0; i < req->n_slices; i++)
+        req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
+    atomic_store_explicit(&req->slices_left, req->n_slices, memory_order_release);
+}
+
 /* Cut the request into its transport's slices, linked by next (again only
  * the links, when they were cut for this resolution and local entry). */
 static inline ferry_status_t prepare_slices(ferry_engine_t *engine, request_state_t *req,
@@ -101,10 +118,8 @@ static ferry_status_t prepare_slices_cut(ferry_engine_t *engine, request_state_t
                                          const slice_plan_t *plan)
 {
     const request_run_t *run = req->run;
-    if (req->slices_made && req->slices_entry == run->local_entry) {
-        for (size_t i = 0; i < req->n_slices; i++)
-            req->slices[i].next = i + 1 < req->n_slices ? &req->slices[i + 1] : NULL;
-        atomic_store_explicit(&req->slices_left, req->n_slices, memory_order_release);
+    if (slices_ready(req)) {
+        slices_relink(req);
         return FERRY_OK;
     }
     size_t slice_size = plan->slice_size;
@@ -240,9 +255,13 @@ static ferry_status_t send_request(ferry_engine_t *engine, request_state_t *req)
     }
     if (status != FERRY_OK)
         return status;
-    slice_plan_t plan;
-    ferry_batch_run_slice_plan(engine, run, &plan);
-    status = prepare_slices(engine, req, &plan);
+    if (slices_ready(req)) {
+        slices_relink(req);
+    } else {
+        slice_plan_t plan;
+        ferry_batch_run_slice_plan(engine, run, &plan);
+        status = prepare_slices(engine, req, &plan);
+    }
     if (status == FERRY_OK)
         status = submit_slices(engine, req);
     if (status != FERRY_OK) {

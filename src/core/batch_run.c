@@ -33,7 +33,7 @@ void ferry_batch_run_settle(settle_t *s)
     /* Before the run's countdown: past it a waiter may reuse the record. */
     if (run->stats != NULL)
         ferry_stats_count(run->stats, run->transport, done, s->run_failed, s->run_bytes,
-                          run->submit_ns);
+                          run->submit_ticks);
     s->run_failed = 0;
     s->run_bytes = 0;
     /* Holding the last requests left, nobody else counts down: no locked
@@ -334,7 +334,7 @@ static request_run_t *run_new(ferry_batch_t *batch)
     run->peer_made = 0;
     run->cut = 0;
     run->stats = NULL; /* resolve sets it with the segment */
-    run->submit_ns = batch->submit_ns;
+    run->submit_ticks = batch->submit_ticks;
     return run;
 }
 

@@ -405,6 +405,8 @@ ferry_status_t ferry_engine_create(const ferry_config_t *config, ferry_engine_h 
     if (status != FERRY_OK)
         goto err_destroy;
     engine->stats.enabled = engine->settings.stats;
+    if (engine->stats.enabled)
+        ferry_ticks_init(); /* before a submit reads the statistics' clock */
     ferry_copy_set_nt_min(engine->settings.copy_nt_min);
     unsigned copy_threads;
     status = ferry_copy_threads_parse(engine->settings.copy_threads, &copy_threads);

@@ -86,16 +86,17 @@ ferry_peer_stats_t *ferry_stats_peer(ferry_engine_stats_t *stats, const char *na
 
 static void counters_add(ferry_stats_t *out, ferry_stats_counters_t *c)
 {
-    out->requests += atomic_load_explicit(&c->requests, memory_order_relaxed);
     out->failures += atomic_load_explicit(&c->failures, memory_order_relaxed);
     out->bytes += atomic_load_explicit(&c->bytes, memory_order_relaxed);
-    for (size_t b = 0; b < FERRY_STATS_BUCKETS; b++)
-        out->latency[b] += atomic_load_explicit(&c->latency[b], memory_order_relaxed);
+    for (size_t b = 0; b < FERRY_STATS_BUCKETS; b++) {
+        uint64_t n = atomic_load_explicit(&c->latency[b], memory_order_relaxed);
+        out->latency[b] += n;
+        out->requests += n; /* each request is in one bucket */
+    }
 }
 
 static void counters_zero(ferry_stats_counters_t *c)
 {
-    atomic_store_explicit(&c->requests, 0, memory_order_relaxed);
     atomic_store_explicit(&c->failures, 0, memory_order_relaxed);
     atomic_store_explicit(&c->bytes, 0, memory_order_relaxed);
     for (size_t b = 0; b < FERRY_STATS_BUCKETS; b++)

@@ -52,6 +52,41 @@ void ferry_futex_wake(void *word, int waiters);
 uint64_t ferry_time_ms(void); /* monotonic */
 uint64_t ferry_time_us(void); /* monotonic */
 
+/* ---- ticks.c: a cheap clock for intervals (the statistics' latencies) ---- */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FERRY_TICKS_HAVE_TSC 1
+#else
+#define FERRY_TICKS_HAVE_TSC 0
+#endif
+/* Set once by ferry_ticks_init (before any tick is read, so plain): ticks
+ * are TSC counts; the rate to nanoseconds. */
+extern int ferry_ticks_tsc;
+extern uint64_t ferry_ticks_ns_mult;
+/* Measure the rate once per process (a 200 us spin the first time); call
+ * before reading ticks. */
+void ferry_ticks_init(void);
+/* CLOCK_MONOTONIC in nanoseconds: the ticks where there is no TSC to read. */
+uint64_t ferry_ticks_clock_ns(void);
+/* Now, in ticks: only differences mean something (ferry_ticks_to_ns). */
+static inline uint64_t ferry_ticks(void)
+{
+#if FERRY_TICKS_HAVE_TSC
+    if (ferry_ticks_tsc)
+        return __builtin_ia32_rdtsc();
+#endif
+    return ferry_ticks_clock_ns();
+}
+/* An interval in ticks, in nanoseconds (inline: the statistics convert one
+ * per completion call). */
+static inline uint64_t ferry_ticks_to_ns(uint64_t ticks)
+{
+#if FERRY_TICKS_HAVE_TSC
+    if (ferry_ticks_tsc)
+        return (uint64_t)(((unsigned __int128)ticks * ferry_ticks_ns_mult) >> 32);
+#endif
+    return ticks;
+}
+
 /* ---- deadline_heap.c: the earliest of many deadlines, O(log n) per change ---- */
 #define FERRY_DEADLINE_UNQUEUED SIZE_MAX
 /* Embedded in the object that has a deadline; start it with

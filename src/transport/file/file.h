@@ -94,6 +94,11 @@ typedef struct ferry_file_engine_ops {
     void (*stop)(void *engine);
     /* Optional: finish what completed, on the calling thread; how many. */
     unsigned (*progress)(void *engine);
+    /* Optional: the transport's wait op (plugin.h), for this engine. */
+    ferry_status_t (*wait)(void *engine, const ferry_wait_t *w);
+    /* Optional, with wait: an op ended outside the engine (file_gpu.c):
+     * a thread blocked in wait looks at its done() again. */
+    void (*kick)(void *engine);
 } ferry_file_engine_ops_t;
 
 struct ferry_file {

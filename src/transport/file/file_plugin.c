@@ -42,9 +42,10 @@ static void file_destroy(void *ctx)
     ferry_file_t *file = ctx;
     if (file == NULL)
         return;
+    /* device slices first: their ends kick the I/O engine (file_xfer.c) */
+    ferry_file_gpu_stop(file);
     if (file->io_engine != NULL)
         file->io->stop(file->io_engine);
-    ferry_file_gpu_stop(file);
     ferry_file_targets_free(file);
     ferry_file_ops_free(file);
     pthread_mutex_destroy(&file->op_lock);
@@ -161,6 +162,16 @@ static unsigned file_progress(void *ctx)
     return file->io->progress != NULL ? file->io->progress(file->io_engine) : 0;
 }
 
+/* README.md, "Waiting in the ring": the uring engine's; the threads
+ * engine has none (its waiters do queued ops themselves in progress). */
+static ferry_status_t file_wait(void *ctx, const ferry_wait_t *w)
+{
+    ferry_file_t *file = ctx;
+    if (file->io->wait == NULL)
+        return w->sleep(w->arg, w->deadline);
+    return file->io->wait(file->io_engine, w);
+}
+
 static size_t file_slice_size(void *ctx)
 {
     return 0; /* one I/O per request: the kernel takes any size */
@@ -205,6 +216,7 @@ static const ferry_transport_ops_t file_ops = {
     .progress = file_progress,
     .peer_changed = file_peer_forget,
     .local_memory = file_local_memory,
+    .wait = file_wait,
 };
 
 static const ferry_plugin_t file_plugin = {

@@ -50,10 +50,14 @@ void ferry_file_ops_free(ferry_file_t *file)
 void ferry_file_op_finish(ferry_file_t *file, ferry_file_op_t *op, ferry_status_t status)
 {
     ferry_slice_t *slice = op->slice;
+    int outside_engine = slice->local_device; /* file_gpu.c's: no event in the engine */
     ferry_file_target_put(op->target);
     op_free(file, op);
     slice->next = NULL;
     file->svc.slice_done(slice, status);
+    /* after slice_done: a waiter blocked in the engine then sees it done */
+    if (outside_engine && file->io->kick != NULL)
+        file->io->kick(file->io_engine);
 }
 
 ferry_status_t ferry_file_op_advance(ferry_file_op_t *op, long n)
