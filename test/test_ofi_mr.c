@@ -188,8 +188,10 @@ static void traffic_while_registering(peer_process_t *peer, ferry_segment_h segm
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, register_in_a_loop, &r), 0);
     /* 12 rounds at least, and on until the other thread has registered a
-     * few times meanwhile (it may start late; 200 rounds at most). */
-    for (unsigned i = 0; i < 200 && (i < 12 || atomic_load(&r.rounds) < 8); i++) {
+     * few times meanwhile (it may start late, or wait for a core on a
+     * loaded host: once it had not registered 8 times in 200 rounds, at a
+     * load of 12; 1,000 rounds at most). */
+    for (unsigned i = 0; i < 1000 && (i < 12 || atomic_load(&r.rounds) < 8); i++) {
         size_t length = 64 * 1024 + (i % 24) * 4099;
         test_pattern_fill(local, length, 20 + i);
         cr_assert_eq(one_request_served_by(engine, FERRY_OP_WRITE, local, segment, peer->arena,
