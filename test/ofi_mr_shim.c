@@ -19,7 +19,12 @@
  *             fi_mr_raw_attr's bytes and an operation must use the key that
  *             fi_mr_map_raw gave, until fi_mr_unmap_key; fi_mr_map_raw
  *             must get the base fi_mr_raw_attr gave (0 with offsets).
+ *   raw_long  raw, with keys of RAW_LONG_SIZE (300) bytes: longer than the
+ *             first fi_mr_raw_attr the module makes (-FI_ETOOSMALL).
  *   prov_key  FI_MR_PROV_KEY: the shim picks keys (never the requested one).
+ *   allocated FI_MR_ALLOCATED: a registration whose pages are not all
+ *             backed by memory (mincore: mapped but never touched) is
+ *             refused.
  *   offset    no FI_MR_VIRT_ADDR: remote addresses are offsets from the
  *             registered start.  Over a provider that addresses by virtual
  *             address (shm) the shim adds the registered start back; it
@@ -48,6 +53,7 @@
 
 #include <dlfcn.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ofi_mr_shim.h"
@@ -56,7 +62,7 @@
 
 /* What the shim saw, for tests (ferry_ofi_mr_shim_count). */
 atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets, count_prov_keys,
-    count_violations, count_rma;
+    count_violations, count_rma, count_raw_too_small, count_allocated;
 
 /* ---- modes ---- */
 
@@ -119,6 +125,22 @@ void shim_violation(const char *fmt, ...)
     }
 }
 
+/* The size of the raw keys fi_mr_raw_attr gives: RAW_SIZE, or RAW_LONG_SIZE
+ * where FERRY_TEST_OFI_MR_MODE says "raw_long" (longer than the 256 bytes
+ * the module's first fi_mr_raw_attr offers: it must ask again with the size
+ * the provider answers with -FI_ETOOSMALL).  The bytes past RAW_SIZE are a
+ * pattern that fi_mr_map_raw checks. */
+static size_t raw_size(void)
+{
+    const char *text = getenv("FERRY_TEST_OFI_MR_MODE");
+    return text != NULL && strstr(text, "raw_long") != NULL ? RAW_LONG_SIZE : RAW_SIZE;
+}
+
+static uint8_t raw_pad(size_t at)
+{
+    return (uint8_t)(at * 7 + 0x5a);
+}
+
 /* FERRY_TEST_OFI_MR_MODE as mr_mode bits to add; *offset_p: remove VIRT_ADDR. */
 static int demanded_mode(int *offset_p)
 {
@@ -135,10 +157,12 @@ static int demanded_mode(int *offset_p)
             mode |= FI_MR_LOCAL;
         else if (strcmp(word, "endpoint") == 0)
             mode |= FI_MR_ENDPOINT;
-        else if (strcmp(word, "raw") == 0)
+        else if (strcmp(word, "raw") == 0 || strcmp(word, "raw_long") == 0)
             mode |= FI_MR_RAW;
         else if (strcmp(word, "prov_key") == 0)
             mode |= FI_MR_PROV_KEY;
+        else if (strcmp(word, "allocated") == 0)
+            mode |= FI_MR_ALLOCATED;
         else if (strcmp(word, "offset") == 0)
             *offset_p = 1;
         else
@@ -388,7 +412,10 @@ static int map_raw(shim_domain_t *d, struct fi_mr_map_raw *map)
         return -FI_EINVAL;
     }
     uint64_t real_key, start, base;
-    if (map->key_size != RAW_SIZE || memcmp(map->raw_key, RAW_MAGIC, 8) != 0) {
+    int padded = map->key_size == raw_size();
+    for (size_t i = RAW_SIZE; padded && i < map->key_size; i++)
+        padded = map->raw_key[i] == raw_pad(i);
+    if (!padded || memcmp(map->raw_key, RAW_MAGIC, 8) != 0) {
         shim_violation("fi_mr_map_raw: %zu bytes that fi_mr_raw_attr did not give", map->key_size);
         return -FI_EINVAL;
     }
@@ -644,8 +671,10 @@ static int mr_raw_attr(shim_mr_t *m, struct fi_mr_raw_attr *attr)
         shim_violation("fi_mr_raw_attr %s", m->real ? "without FI_MR_RAW" : "before fi_mr_enable");
         return -FI_EINVAL;
     }
-    if (*attr->key_size < RAW_SIZE) {
-        *attr->key_size = RAW_SIZE;
+    size_t size = raw_size();
+    if (*attr->key_size < size) {
+        *attr->key_size = size;
+        atomic_fetch_add(&count_raw_too_small, 1);
         return -FI_ETOOSMALL;
     }
     /* The base peers address the MR from: its start, or 0 where
@@ -657,7 +686,9 @@ static int mr_raw_attr(shim_mr_t *m, struct fi_mr_raw_attr *attr)
     memcpy(attr->raw_key + 8, &m->key, 8);
     memcpy(attr->raw_key + 16, &start, 8);
     memcpy(attr->raw_key + 24, &base, 8);
-    *attr->key_size = RAW_SIZE;
+    for (size_t i = RAW_SIZE; i < size; i++)
+        attr->raw_key[i] = raw_pad(i);
+    *attr->key_size = size;
     *attr->base_addr = base;
     return 0;
 }
@@ -697,6 +728,25 @@ static struct fi_ops mr_fid_ops = {
     .ops_set = shim_no_ops_set,
 };
 
+/* FI_MR_ALLOCATED: "registered memory regions must be backed by physical
+ * memory pages at the time the registration call is made" (fi_mr(3)).
+ * Every page of the range must be resident (mincore), which a buffer
+ * mapped but never touched is not. */
+static int backed_by_pages(const void *start, size_t length)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t first = (uintptr_t)start & ~(uintptr_t)(page - 1);
+    size_t pages = ((uintptr_t)start + length - first + (size_t)page - 1) / (size_t)page;
+    unsigned char *resident = malloc(pages ? pages : 1);
+    if (resident == NULL)
+        return 0;
+    int backed = mincore((void *)first, pages * (size_t)page, resident) == 0;
+    for (size_t i = 0; backed && i < pages; i++)
+        backed = resident[i] & 1;
+    free(resident);
+    return backed;
+}
+
 static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
                       struct fid_mr **mr_p)
 {
@@ -704,6 +754,15 @@ static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t f
     (void)flags;
     if (attr->iov_count != 1 || attr->iface != FI_HMEM_SYSTEM)
         return -FI_ENOSYS; /* the module registers one host buffer at a time */
+    if (d->mode & FI_MR_ALLOCATED) {
+        if (!backed_by_pages(attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len)) {
+            shim_violation("fi_mr_regattr: %zu bytes at %p not all backed by pages "
+                           "(FI_MR_ALLOCATED)",
+                           attr->mr_iov[0].iov_len, attr->mr_iov[0].iov_base);
+            return -FI_EINVAL;
+        }
+        atomic_fetch_add(&count_allocated, 1);
+    }
     shim_mr_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return -FI_ENOMEM;
@@ -771,7 +830,8 @@ static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
 /* How often the shim saw each thing: "local" (local descs checked), "bound"
  * (MRs bound to an endpoint), "raw" (raw keys mapped), "offset" (offsets
  * turned into addresses), "prov_key" (keys picked), "rma" (operations),
- * "violations".  Found by tests with dlsym, which also tells them the shim
+ * "raw_too_small" (fi_mr_raw_attr answered -FI_ETOOSMALL), "allocated"
+ * (registrations found backed by pages under FI_MR_ALLOCATED), "violations".  Found by tests with dlsym, which also tells them the shim
  * is loaded. */
 SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
 {
@@ -781,6 +841,7 @@ SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
     } counts[] = {{"local", &count_local_checked},  {"bound", &count_bound},
                   {"raw", &count_raw_mapped},       {"offset", &count_offsets},
                   {"prov_key", &count_prov_keys},   {"rma", &count_rma},
+                  {"raw_too_small", &count_raw_too_small}, {"allocated", &count_allocated},
                   {"violations", &count_violations}};
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
         if (strcmp(counts[i].name, what) == 0)

@@ -24,13 +24,14 @@
 
 #define RAW_MAGIC      "FMRSHIM1"
 #define RAW_SIZE       32              /* magic, real key, registered start, base */
+#define RAW_LONG_SIZE  300             /* "raw_long": RAW_SIZE, then a pattern */
 #define MAPPED_KEY_TAG (0xb5ULL << 56) /* keys fi_mr_map_raw hands out */
 #define ADDRESS_BITS   48              /* user addresses on x86-64 and arm64 */
 #define ADDRESS_MASK   ((1ULL << ADDRESS_BITS) - 1)
 
 /* What the shim saw (ofi_mr_shim.c, ferry_ofi_mr_shim_count). */
 extern atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets,
-    count_prov_keys, count_violations, count_rma;
+    count_prov_keys, count_violations, count_rma, count_raw_too_small, count_allocated;
 
 typedef struct shim_domain shim_domain_t;
 

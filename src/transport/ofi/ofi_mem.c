@@ -16,6 +16,8 @@
  *                    its own for the operation, closed at its completion.
  *                    No bounce buffer: registering on the fly costs a
  *                    system call, a bounce a copy of the whole slice.
+ *   FI_MR_ALLOCATED  host pages are faulted in before registering
+ *                    (populate_pages).
  *   FI_MR_HMEM       device memory (cuda:N, rocm:N) is registered with its
  *                    iface when the provider offered FI_HMEM, else it gets
  *                    no key (FERRY_ERR_UNSUPPORTED).  Untested here.
@@ -25,10 +27,13 @@
  */
 #include "ofi.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static const uint64_t remote_access = FI_REMOTE_READ | FI_REMOTE_WRITE;
 static const uint64_t local_access = FI_READ | FI_WRITE;
@@ -53,6 +58,35 @@ static int hmem_iface(const ferry_ofi_t *ofi, const char *location, enum fi_hmem
     return 1;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* FI_MR_ALLOCATED: the provider registers only pages that exist ("backed
+ * by physical memory pages at the time the registration call is made",
+ * fi_mr(3)); a buffer mapped but not yet touched (a fresh mmap, a large
+ * malloc) has none.  Fault them in: writable where the mapping allows (a
+ * write lands there), else readable; a kernel without MADV_POPULATE_*
+ * (before 5.14) gets a read of each page.  Whatever still fails is the
+ * provider's to refuse. */
+static void populate_pages(void *addr, size_t length)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || length == 0)
+        return;
+    uintptr_t first = (uintptr_t)addr & ~(uintptr_t)(page - 1);
+    size_t span = (uintptr_t)addr + length - first;
+    if (madvise((void *)first, span, MADV_POPULATE_WRITE) == 0 ||
+        madvise((void *)first, span, MADV_POPULATE_READ) == 0 || errno != EINVAL)
+        return;
+    for (uintptr_t at = (uintptr_t)addr; at < (uintptr_t)addr + length;
+         at = (at & ~(uintptr_t)(page - 1)) + (uintptr_t)page)
+        (void)*(volatile const unsigned char *)at;
+}
+
 static int register_mr(ferry_ofi_t *ofi, void *addr, size_t length, uint64_t access,
                        const char *location, struct fid_mr **mr_p)
 {
@@ -69,6 +103,8 @@ static int register_mr(ferry_ofi_t *ofi, void *addr, size_t length, uint64_t acc
         attr.iface = iface;
         if (iface == FI_HMEM_CUDA)
             attr.device.cuda = device;
+    } else if (ofi->mr_mode & FI_MR_ALLOCATED) {
+        populate_pages(addr, length);
     }
     return fi_mr_regattr(ofi->domain, &attr, kind > 0 ? FI_HMEM_DEVICE_ONLY : 0, mr_p);
 }
@@ -85,19 +121,31 @@ static int enable_mr(ferry_ofi_t *ofi, struct fid_mr *mr, struct fid_ep *ep)
 /* Under FI_MR_RAW the key string ends with ":<base>:<raw key>", both as
  * fi_mr_raw_attr gave them: the peer's fi_mr_map_raw wants that base, which
  * is not always the registered start (0 where addresses are offsets). */
+/* A raw key longer than this is refused (a provider's answer, not a size
+ * to allocate blindly). */
+#define RAW_KEY_MAX 4096
+
 static char *key_text(ferry_ofi_t *ofi, ferry_ofi_mem_t *mem)
 {
     char *raw_hex = NULL;
     uint64_t raw_base = 0;
     if (ofi->mr_mode & FI_MR_RAW) {
-        unsigned char raw[256];
-        size_t raw_size = sizeof(raw);
+        unsigned char first[256], *raw = first;
+        size_t raw_size = sizeof(first);
         int ret = fi_mr_raw_attr(mem->mr, &raw_base, raw, &raw_size, 0);
-        if (ret != 0) {
-            ferry_error("ofi: fi_mr_raw_attr: %s", fi_strerror(-ret));
-            return NULL;
+        /* A longer key: the provider said how long; ask again with that
+         * (fi_mr(3): -FI_ETOOSMALL and the size needed in key_size). */
+        if (ret == -FI_ETOOSMALL && raw_size > sizeof(first) && raw_size <= RAW_KEY_MAX) {
+            if ((raw = malloc(raw_size)) == NULL)
+                return NULL;
+            ret = fi_mr_raw_attr(mem->mr, &raw_base, raw, &raw_size, 0);
         }
-        raw_hex = ferry_ofi_hex_encode(raw, raw_size);
+        if (ret != 0)
+            ferry_error("ofi: fi_mr_raw_attr (%zu bytes): %s", raw_size, fi_strerror(-ret));
+        else
+            raw_hex = ferry_ofi_hex_encode(raw, raw_size);
+        if (raw != first)
+            free(raw);
         if (raw_hex == NULL)
             return NULL;
     }
