@@ -221,6 +221,25 @@ Test(storage, threads_cold_cache_no_spin)
     ferry_segment_close(engine, segment);
 }
 
+/* Submit one request in a batch of its own and poll its status (no wait,
+ * no progress call) until it completes, 5 s at most; the batch is the
+ * caller's to destroy. */
+static ferry_batch_h submit_and_poll(const ferry_request_t *req)
+{
+    ferry_batch_h batch;
+    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
+    cr_assert_eq(ferry_batch_submit(batch, req, 1), FERRY_OK);
+    ferry_xfer_status_t xs = {0};
+    for (int i = 0; i < 50000; i++) { /* 5 s */
+        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
+        if (xs.state != FERRY_XFER_PENDING)
+            break;
+        usleep(100);
+    }
+    cr_assert_eq(xs.state, FERRY_XFER_COMPLETED, "state %d error %d", xs.state, xs.error);
+    return batch;
+}
+
 /* The spinning thread leaves a lone op just queued to its submitter's
  * wait; a submitter that never waits (it polls the status) must still see
  * it done: the spinning thread takes it once it is no longer fresh. */
@@ -244,17 +263,7 @@ Test(storage, threads_lone_op_done_without_wait)
     /* unaligned and not cached: queued for a pool thread, not done inline */
     ferry_request_t req = {.opcode = FERRY_OP_READ, .local = local + 1, .target = segment,
                            .target_offset = addr + 1, .length = LEN, .transport = "file"};
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
-    ferry_xfer_status_t xs = {0};
-    for (int i = 0; i < 50000; i++) { /* 5 s */
-        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
-        if (xs.state != FERRY_XFER_PENDING)
-            break;
-        usleep(100);
-    }
-    cr_assert_eq(xs.state, FERRY_XFER_COMPLETED, "state %d error %d", xs.state, xs.error);
+    ferry_batch_h batch = submit_and_poll(&req);
     cr_assert_eq(ferry_batch_wait(batch, 10000), FERRY_OK);
     cr_assert_eq(ferry_batch_destroy(batch), FERRY_OK);
     cr_assert_eq(memcmp(local + 1, pattern + 1, LEN), 0);
@@ -1050,17 +1059,7 @@ Test(storage, waiter_finishes_other_batches)
         usleep(100);
     ferry_request_t req = {.opcode = FERRY_OP_READ, .local = local, .target = b.segment,
                            .target_offset = b.addr + BIG, .length = 4096, .transport = "file"};
-    ferry_batch_h batch;
-    cr_assert_eq(ferry_batch_create(engine, 1, &batch), FERRY_OK);
-    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
-    ferry_xfer_status_t xs = {0};
-    for (int i = 0; i < 50000; i++) { /* 5 s */
-        cr_assert_eq(ferry_batch_status(batch, 0, &xs), FERRY_OK);
-        if (xs.state != FERRY_XFER_PENDING)
-            break;
-        usleep(100);
-    }
-    cr_assert_eq(xs.state, FERRY_XFER_COMPLETED, "state %d error %d", xs.state, xs.error);
+    ferry_batch_h batch = submit_and_poll(&req);
     unsigned char *expect = malloc(BIG + 4096);
     test_pattern_fill(expect, BIG + 4096, 22);
     cr_assert_eq(memcmp(local, expect + BIG, 4096), 0);
