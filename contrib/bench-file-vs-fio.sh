@@ -22,6 +22,13 @@
 #   Rounds alternate the order (even rounds run fio first); the medians
 #   add the median of each round's ferry/fio ("pairs"), which drift
 #   between rounds cancels out of.
+#   LOCAL_BUFFER (default fio): the initiator's buffers; "fio": as large
+#   as fio's, the requests in flight per caller x the block
+#   (ferry_bench --local-buffer-size: a random 4 KiB read then lands in
+#   one of 32 blocks, as fio's do, not anywhere in 256 MiB, whose cold
+#   pages each O_DIRECT I/O pins: ~8% of the IOPS here); "full": the
+#   whole --buffer-size, as before that option (and for a BASE build
+#   without it, whatever this says: its header line says so).
 #   COUNTS=1: each ferry, base and fio run of an iops case runs under
 #   `perf stat` (system calls, io_uring_enter and futex calls, context
 #   switches, wake-ups), and a line per run gives each count per I/O (of
@@ -70,12 +77,23 @@ print("%.0f" % d["iops"] if sys.argv[2] == "iops" else "%.4f" % (d["bw_bytes"] /
 }
 
 # ferry_bench: requests in flight = callers x window (one request per batch)
+local_buffer=${LOCAL_BUFFER:-fio}
+case $local_buffer in fio|full) ;; *) echo "LOCAL_BUFFER is fio or full" >&2; exit 1 ;; esac
+# bytes of a size with fio's k/m suffixes
+bytes_of() {
+    case $1 in *k) echo $((${1%k} * 1024)) ;; *m) echo $((${1%m} * 1048576)) ;; *) echo "$1" ;; esac
+}
+# --local-buffer-size for that bench (nothing for "full" or a bench without it)
+local_buffer_option() { # bench bs window
+    [ "$local_buffer" = fio ] && "$1" --help 2>/dev/null | grep -q -- --local-buffer-size || return 0
+    echo "--local-buffer-size=$(($(bytes_of "$2") * $3))"
+}
 ferry_run() { # bench engine op bs in_flight unit random callers
     counter env FERRY_FILE_ENGINE="$2" FERRY_FILE_THREADS="${THREADS:-4}" \
         FERRY_MODULE_DIR="$(dirname "$1")/modules/.libs" "$1" --spawn \
         --remote-memory=file:"$file" --buffer-size="$size" --operation="$3" --block-size="$4" \
         --batch-size=1 --threads="$8" --window=$(($5 / $8)) $7 \
-        --duration="$seconds" |
+        $(local_buffer_option "$1" "$4" $(($5 / $8))) --duration="$seconds" |
         if [ "$6" = iops ]; then sed -n 's/^RESULT.* requests_per_s=\([0-9.]*\).*/\1/p'
         else sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'; fi
 }
@@ -123,6 +141,12 @@ all_cases='4k-randread-qd32|uring|io_uring|read|randread|4k|32|iops|--random|1|1
 cases=$(echo "$all_cases" | grep -E "^(${CASES:-.*})\|" || true)
 [ -n "$cases" ] || { echo "no case matches CASES=$CASES" >&2; exit 1; }
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); file $file ($size), direct=$direct"
+for who in "$bench" ${base:+"$base"}; do
+    if [ "$local_buffer" = fio ] && [ -z "$(local_buffer_option "$who" 4k 1)" ]; then
+        echo "note: $who has no --local-buffer-size: its initiator buffers are the whole $size"
+    fi
+done
+echo "initiator buffers: $local_buffer (LOCAL_BUFFER)"
 for run in $(seq "$runs"); do
     echo "$cases" | while IFS='|' read -r label fe fioe op rw bs depth unit random jobs callers; do
         fio_case() {

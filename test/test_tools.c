@@ -216,6 +216,29 @@ Test(tools, bench_rejects_bad_memory_options)
     }
 }
 
+/* --local-buffer-size: the initiator's blocks wrap around a smaller buffer
+ * than the target's (random reads over the whole target buffer into a few
+ * local blocks, as fio keeps iodepth buffers); what it cannot go with is
+ * refused. */
+Test(tools, bench_local_buffer_smaller_than_the_target_s)
+{
+    bench("--operation=read --random --block-size=4k --batch-size=1 --window=4 "
+          "--buffer-size=1m --local-buffer-size=16k");
+    cr_assert(strstr(output, "buffer 1048576 B (here 16384 B)") != NULL, "%s", output);
+    bench("--operation=write --block-size=4k --batch-size=8 --buffer-size=64k "
+          "--local-buffer-size=8k");
+    const char *bad[] = {"--local-buffer-size=0", "--local-buffer-size=2k --block-size=4k",
+                         "--local-buffer-size=2m --buffer-size=1m",
+                         "--local-buffer-size=64k --verify", "--local-buffer-size=64k --sweep",
+                         "--local-buffer-size=64k --memcpy-baseline"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char command[1024];
+        snprintf(command, sizeof(command), "%s --spawn %s 2>&1", getenv("FERRY_BENCH"), bad[i]);
+        cr_assert_eq(run(command, output, sizeof(output)), 2, "%s: %s", bad[i], output);
+        cr_assert(strstr(output, "local-buffer-size") != NULL, "%s: %s", bad[i], output);
+    }
+}
+
 /* --sweep: one CSV row per block size of the range, each with its own
  * throughput and latency, on stdout alone (a plot reads it as it is). */
 Test(tools, bench_sweep_one_row_per_size)

@@ -265,6 +265,7 @@ static void *initiator_thread(void *arg)
     slot_t *slots = slots_create(ctx);
     unsigned char *scratch = o->verify ? malloc(o->block_size) : NULL;
     size_t slots_in_buffer = o->buffer_size / o->block_size;
+    size_t local_slots = o->local_buffer_size / o->block_size;
     int self_needed = o->verify && ferry_bench_memory_is_device(o->local_memory);
     ferry_status_t status = self_needed ? ferry_bench_self_open(&ctx->self, ctx->engine)
                                         : FERRY_OK;
@@ -303,7 +304,8 @@ static void *initiator_thread(void *arg)
                 break;
             }
             slot->reqs[i] = (ferry_request_t){.opcode = o->write ? FERRY_OP_WRITE : FERRY_OP_READ,
-                                              .local = ctx->local + offset,
+                                              .local = ctx->local +
+                                                       block % local_slots * o->block_size,
                                               .target = ctx->segment,
                                               .target_offset = ctx->remote + offset,
                                               .length = o->block_size, .transport = o->via};
@@ -440,7 +442,7 @@ int ferry_bench_measure(const options_t *o, const ferry_bench_peer_t *peer,
     }
     for (unsigned t = 0; t < o->threads; t++) {
         ctxs[t] = (thread_ctx_t){.opts = o, .engine = peer->engine, .segment = peer->segment,
-                                 .local = peer->local + (size_t)t * peer->stride,
+                                 .local = peer->local + (size_t)t * peer->local_stride,
                                  .remote = peer->remote + (uint64_t)t * peer->stride,
                                  .start = &start};
         pthread_create(&tids[t], NULL, initiator_thread, &ctxs[t]);
@@ -496,7 +498,7 @@ static int run_initiator(const options_t *o, const char *segment_name)
         ferry_engine_destroy(engine);
         return 1;
     }
-    size_t total = o->buffer_size * o->threads;
+    size_t total = o->local_buffer_size * o->threads;
     unsigned char *buffer = ferry_bench_buffer_acquire(engine, o->local_memory, total);
     if (buffer == NULL) {
         ferry_engine_destroy(engine);
@@ -523,7 +525,8 @@ static int run_initiator(const options_t *o, const char *segment_name)
         return 1;
     }
     ferry_bench_peer_t peer = {.engine = engine, .segment = segment, .local = buffer,
-                               .remote = remote, .stride = o->buffer_size};
+                               .remote = remote, .stride = o->buffer_size,
+                               .local_stride = o->local_buffer_size};
     if (o->sweep) {
         int rc = ferry_bench_sweep(o, &peer);
         if (o->stats)
@@ -540,10 +543,13 @@ static int run_initiator(const options_t *o, const char *segment_name)
     int failed = result.failed;
     ferry_bench_samples_t samples = result.samples;
     const char *transport = result.transport;
+    char local_buffer[48] = "";
+    if (o->local_buffer_size != o->buffer_size)
+        snprintf(local_buffer, sizeof(local_buffer), " (here %zu B)", o->local_buffer_size);
     printf("ferry_bench: %s, transport %s, block %zu B, batch %zu, window %u, threads %u, "
-           "buffer %zu B, memory %s -> %s, %.2f s%s\n", o->write ? "write" : "read",
-           transport, o->block_size, o->batch_size,
-           o->window, o->threads, o->buffer_size, o->local_memory, o->remote_memory, seconds,
+           "buffer %zu B%s, memory %s -> %s, %.2f s%s\n", o->write ? "write" : "read",
+           transport, o->block_size, o->batch_size, o->window, o->threads, o->buffer_size,
+           local_buffer, o->local_memory, o->remote_memory, seconds,
            o->verify ? ", verified" : "");
     printf("throughput: %.3f GB/s, %.0f requests/s\n", bytes / seconds / 1e9,
            requests / seconds);

@@ -19,6 +19,10 @@ typedef struct ferry_bench_options {
     unsigned threads;
     double duration;
     size_t buffer_size;
+    /* --local-buffer-size: the initiator's buffer per thread, at most
+     * buffer_size (its default): a request at block k of the target's
+     * buffer uses block k modulo its blocks here */
+    size_t local_buffer_size;
     int verify;
     int spawn;
     int latency;
@@ -128,7 +132,8 @@ typedef struct ferry_bench_peer {
     ferry_segment_h segment;
     unsigned char *local;
     uint64_t remote;
-    size_t stride;
+    size_t stride;       /* the target's buffer per thread */
+    size_t local_stride; /* the initiator's buffer per thread */
 } ferry_bench_peer_t;
 
 /* What one measurement moved, summed over its threads. */

@@ -22,6 +22,13 @@ static void usage(FILE *out)
         "  -d, --duration=SECONDS  initiator run time (default 5)\n"
         "  --buffer-size=BYTES   buffer per thread on both sides (default batch x block, at\n"
         "                        most 64m; blocks wrap around it)\n"
+        "  --local-buffer-size=BYTES  the initiator's buffer per thread only (default\n"
+        "                        --buffer-size, at most that): the block a request reads\n"
+        "                        into or writes from wraps around it, so a random I/O\n"
+        "                        run can keep fio's footprint (its iodepth x block\n"
+        "                        buffers) while its target offsets span the whole file;\n"
+        "                        requests may then share a local block (not with\n"
+        "                        --verify, --pingpong, --sweep or --memcpy-baseline)\n"
         "  --transport=NAME      transports to enable (sets FERRY_TRANSPORTS)\n"
         "  --via=NAME            every request names that transport (ferry_request_t's\n"
         "                        transport field) instead of the engine choosing one\n"
@@ -94,6 +101,7 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         {"format", required_argument, NULL, 'F'},
         {"random", no_argument, NULL, 'R'},
         {"stats", no_argument, NULL, 'X'},
+        {"local-buffer-size", required_argument, NULL, 'U'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     *o = (ferry_bench_options_t){.mode = "initiator", .write = 1, .block_size = 65536, .batch_size = 128,
@@ -177,6 +185,13 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
                 return -1;
             }
             break;
+        case 'U':
+            if (ferry_tool_parse_size(optarg, &o->local_buffer_size) ||
+                o->local_buffer_size == 0) {
+                fprintf(stderr, "ferry_bench: bad --local-buffer-size %s\n", optarg);
+                return -1;
+            }
+            break;
         case 't':
             if (ferry_tool_parse_count(optarg, 1, 256, &o->threads)) {
                 fprintf(stderr, "ferry_bench: --threads is 1..256\n");
@@ -247,6 +262,21 @@ int ferry_bench_parse_options(int argc, char **argv, ferry_bench_options_t *o)
         o->buffer_size = o->block_size;
     if (o->pingpong && o->buffer_size < ferry_bench_pingpong_size(o->block_size))
         o->buffer_size = ferry_bench_pingpong_size(o->block_size); /* receive and send blocks */
+    if (o->local_buffer_size != 0 &&
+        (o->verify || o->pingpong || o->sweep || o->baseline)) {
+        fprintf(stderr, "ferry_bench: --local-buffer-size goes with none of --verify, "
+                "--pingpong, --sweep and --memcpy-baseline\n");
+        return -1;
+    }
+    if (o->local_buffer_size != 0 &&
+        (o->local_buffer_size < o->block_size || o->local_buffer_size > o->buffer_size)) {
+        fprintf(stderr, "ferry_bench: --local-buffer-size %zu is not between the block size "
+                "(%zu) and the buffer size (%zu)\n", o->local_buffer_size, o->block_size,
+                o->buffer_size);
+        return -1;
+    }
+    if (o->local_buffer_size == 0)
+        o->local_buffer_size = o->buffer_size;
     if (!o->spawn && !strcmp(o->mode, "initiator") && o->segment == NULL) {
         fprintf(stderr, "ferry_bench: the initiator needs --segment=NAME (or use --spawn)\n");
         return -1;
