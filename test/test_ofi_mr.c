@@ -211,15 +211,22 @@ static void traffic_while_registering(peer_process_t *peer, ferry_segment_h segm
     cr_assert_geq(atomic_load(&r.rounds), 8, "the registering thread hardly ran");
 }
 
+/* A test peer with `size` bytes registered, and its segment opened. */
+static ferry_segment_h open_peer(peer_process_t *peer, size_t size)
+{
+    ferry_segment_h segment;
+    cr_assert_eq(peer_start(peer, NULL), 0, "test peer did not start");
+    cr_assert_str_eq(peer_cmd(peer, "reg 0 %zu", size), "OK");
+    cr_assert_eq(ferry_segment_open(engine, peer->name, &segment), FERRY_OK);
+    return segment;
+}
+
 /* Every transfer shape test_ofi checks, under the modes. */
 static void put_get_under(const char *provider, const char *modes, const char *what)
 {
     start(provider, modes);
     peer_process_t peer;
-    ferry_segment_h segment;
-    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
-    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 34 * MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    ferry_segment_h segment = open_peer(&peer, 34 * MIB);
     cr_assert_eq(ferry_register(engine, local, local_size, "cpu", 0), FERRY_OK);
     static const size_t sizes[] = {1, 7, 4097, MIB + 3, 4 * MIB};
     put_get_sizes(engine, &peer, segment, local, sizes, sizeof(sizes) / sizeof(sizes[0]), "ofi");
@@ -266,10 +273,7 @@ static void untouched_buffer_registered_under(const char *provider)
 {
     start(provider, "allocated");
     peer_process_t peer;
-    ferry_segment_h segment;
-    cr_assert_eq(peer_start(&peer, NULL), 0, "test peer did not start");
-    cr_assert_str_eq(peer_cmd(&peer, "reg 0 %zu", 8 * MIB), "OK");
-    cr_assert_eq(ferry_segment_open(engine, peer.name, &segment), FERRY_OK);
+    ferry_segment_h segment = open_peer(&peer, 8 * MIB);
     size_t length = 4 * MIB;
     unsigned char *fresh = mmap(NULL, length, PROT_READ | PROT_WRITE,
                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

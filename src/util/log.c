@@ -44,11 +44,16 @@ void ferry_log_write(ferry_log_level_t level, const char *file, int line, const 
             now.tv_nsec / 1000, (int)getpid(), level_names[level], base, line, message);
 }
 
-uint64_t ferry_time_us(void)
+uint64_t ferry_time_ns(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+uint64_t ferry_time_us(void)
+{
+    return ferry_time_ns() / 1000u;
 }
 
 void ferry_deadline_after_us(struct timespec *deadline_p, int clock, uint64_t timeout_us)

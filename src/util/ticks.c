@@ -23,13 +23,6 @@
 int ferry_ticks_tsc;
 uint64_t ferry_ticks_ns_mult = (uint64_t)1 << 32; /* ns = ticks * mult >> 32 */
 
-uint64_t ferry_ticks_clock_ns(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-}
-
 #if FERRY_TICKS_HAVE_TSC
 /* Whether the kernel's CLOCK_MONOTONIC runs on the TSC. */
 static int kernel_uses_tsc(void)
@@ -49,7 +42,7 @@ static int kernel_uses_tsc(void)
 static int clock_pair(uint64_t *ns_p, uint64_t *tsc_p)
 {
     uint64_t before = __builtin_ia32_rdtsc();
-    uint64_t ns = ferry_ticks_clock_ns();
+    uint64_t ns = ferry_time_ns();
     uint64_t after = __builtin_ia32_rdtsc();
     if (after - before > 100000) /* tens of us at any TSC rate */
         return 0;
@@ -68,7 +61,7 @@ static void calibrate(void)
     for (int tries = 0; tries < 8; tries++) {
         if (!clock_pair(&ns0, &tsc0))
             continue;
-        while (ferry_ticks_clock_ns() - ns0 < 200000)
+        while (ferry_time_ns() - ns0 < 200000)
             ;
         if (clock_pair(&ns1, &tsc1) && tsc1 > tsc0)
             break;

@@ -51,6 +51,7 @@ void ferry_futex_wake(void *word, int waiters);
 /* ---- time ---- */
 uint64_t ferry_time_ms(void); /* monotonic */
 uint64_t ferry_time_us(void); /* monotonic */
+uint64_t ferry_time_ns(void); /* monotonic */
 
 /* ---- ticks.c: a cheap clock for intervals (the statistics' latencies) ---- */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -65,8 +66,6 @@ extern uint64_t ferry_ticks_ns_mult;
 /* Measure the rate once per process (a 200 us spin the first time); call
  * before reading ticks. */
 void ferry_ticks_init(void);
-/* CLOCK_MONOTONIC in nanoseconds: the ticks where there is no TSC to read. */
-uint64_t ferry_ticks_clock_ns(void);
 /* Now, in ticks: only differences mean something (ferry_ticks_to_ns). */
 static inline uint64_t ferry_ticks(void)
 {
@@ -74,7 +73,7 @@ static inline uint64_t ferry_ticks(void)
     if (ferry_ticks_tsc)
         return __builtin_ia32_rdtsc();
 #endif
-    return ferry_ticks_clock_ns();
+    return ferry_time_ns(); /* no TSC to read: ticks are nanoseconds */
 }
 /* An interval in ticks, in nanoseconds (inline: the statistics convert one
  * per completion call). */

@@ -118,13 +118,13 @@ static int enable_mr(ferry_ofi_t *ofi, struct fid_mr *mr, struct fid_ep *ep)
     return ret != 0 ? ret : fi_mr_enable(mr);
 }
 
-/* Under FI_MR_RAW the key string ends with ":<base>:<raw key>", both as
- * fi_mr_raw_attr gave them: the peer's fi_mr_map_raw wants that base, which
- * is not always the registered start (0 where addresses are offsets). */
 /* A raw key longer than this is refused (a provider's answer, not a size
  * to allocate blindly). */
 #define RAW_KEY_MAX 4096
 
+/* Under FI_MR_RAW the key string ends with ":<base>:<raw key>", both as
+ * fi_mr_raw_attr gave them: the peer's fi_mr_map_raw wants that base, which
+ * is not always the registered start (0 where addresses are offsets). */
 static char *key_text(ferry_ofi_t *ofi, ferry_ofi_mem_t *mem)
 {
     char *raw_hex = NULL;
