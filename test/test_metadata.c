@@ -344,9 +344,15 @@ Test(metadata, redis_killed_process_vanishes_after_ttl)
     service_cleanup(&redis);
 }
 
-/* The engine renews its key's expiry: over three TTLs and a half the key
- * is there at every look (every 50 ms).  An expiry only looked at, not
- * renewed, lets the key lapse each TTL until the engine puts it again. */
+/* The engine renews its key's expiry (every third of the TTL): over three
+ * TTLs and a half, looked at every 50 ms, the key's remaining time keeps
+ * going back up, and the key is there at every look.  An expiry only
+ * looked at, not renewed, lets the key lapse each TTL until the engine
+ * puts it again (three lapses here), and its remaining time runs down.
+ * One lapse is forgiven when the key is back within a renewal period and
+ * a retry: a host that stalls longer than the TTL's slack (2 s TTL, a
+ * renewal every 667 ms: 1.3 s; a loaded CI machine once did) loses the
+ * key through no fault of the engine, which must then put it back. */
 Test(metadata, redis_expiry_is_renewed_not_lost)
 {
     require(SERVICE_REDIS);
@@ -354,13 +360,35 @@ Test(metadata, redis_expiry_is_renewed_not_lost)
     cr_assert_eq(service_start(&redis, SERVICE_REDIS, NULL), 0);
     setenv("FERRY_REDIS_TTL", "2s", 1);
     ferry_engine_h engine = engine_on(redis.uri, "renewed");
-    const char *exists[] = {"EXISTS", "ferry/segments/renewed"};
+    const char *pttl[] = {"PTTL", "ferry/segments/renewed"};
     char out[64];
-    int looks = 0;
+    int looks = 0, lapses = 0, renewals = 0;
+    long last_left = -2;
+    double lapsed_at = 0, last_seen = now();
     for (double end = now() + 7.0; now() < end; usleep(50000), looks++) {
-        cr_assert_eq(redis_call(redis.port, 2, exists, NULL, out, sizeof(out), NULL), ':');
-        cr_assert_eq(atol(out), 1, "the key lapsed after %d looks", looks);
+        cr_assert_eq(redis_call(redis.port, 2, pttl, NULL, out, sizeof(out), NULL), ':');
+        long left = atol(out);
+        double at = now();
+        cr_assert_neq(left, -1, "the key has no expiry");
+        if (left == -2) {
+            if (lapsed_at == 0) {
+                lapses++;
+                lapsed_at = at;
+                cr_log_warn("the key lapsed after %d looks, %.0f ms after it was last seen",
+                            looks, (at - last_seen) * 1000);
+            }
+            cr_assert_leq(lapses, 1, "the key lapsed a second time, after %d looks", looks);
+            cr_assert_lt(at - lapsed_at, 1.5, "the key is not put back after a lapse");
+            continue;
+        }
+        lapsed_at = 0;
+        last_seen = at;
+        if (last_left >= 0 && left > last_left)
+            renewals++;
+        last_left = left;
     }
+    /* 10 renewals in 7 s; half of them, however the host stalls */
+    cr_assert_geq(renewals, 5, "the key's expiry was renewed %d times in 7 s", renewals);
     ferry_engine_destroy(engine);
     service_cleanup(&redis);
 }
