@@ -15,6 +15,7 @@
 #include "capi_common.h"
 #include "one_request.h"
 #include "peer_process.h"
+#include "peer_socket.h"
 #include "test_clock.h"
 #include "test_pattern.h"
 
@@ -208,13 +209,19 @@ Test(cancel, racing_completion_each_request_ends_once)
 /* One request of 64 slices over a frozen peer: its first slices are on the
  * wire (each connection's first send), the rest queued.  Cancel takes the
  * queued ones back, the sent ones fail at FERRY_TCP_TIMEOUT: the request
- * is FAILED, never CANCELLED, since its sent bytes may still land. */
+ * is FAILED, never CANCELLED, since its sent bytes may still land.  The
+ * peer is frozen before the submit and the cancel waits until its sockets
+ * hold the request's first bytes: the engine's worker sends on its own
+ * thread, and a cancel that came before its first send would (rightly)
+ * take the whole request back. */
 Test(cancel, a_request_partly_on_the_wire_ends_failed)
 {
     const size_t length = 64 * MIB;
     peer_process_t victim;
     ferry_segment_h segment = capi_open_peer(&victim, NULL);
     cr_assert_str_eq(peer_cmd(&victim, "reg 0 %zu", length), "OK");
+    /* connected first: a connection is made while the peer answers */
+    cr_assert_eq(capi_write(segment, victim.arena, 4096, 5), FERRY_OK);
     unsigned char *big = malloc(length);
     cr_assert_not_null(big);
     memset(big, 7, length);
@@ -222,10 +229,14 @@ Test(cancel, a_request_partly_on_the_wire_ends_failed)
     ferry_request_t req = {.opcode = FERRY_OP_WRITE, .local = big, .target = segment,
                            .target_offset = victim.arena, .length = length};
     cr_assert_eq(ferry_batch_create(capi_engine, 1, &batch), FERRY_OK);
-    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
     int stopped;
     peer_kill(&victim, SIGSTOP);
     cr_assert_eq(waitpid(victim.pid, &stopped, WUNTRACED), victim.pid);
+    cr_assert_eq(ferry_batch_submit(batch, &req, 1), FERRY_OK);
+    /* 64 MiB do not fit the sockets' buffers: the frozen peer holds part
+     * (32 KiB: more than any control message, less than a socket holds) */
+    cr_assert_gt(peer_socket_wait_unread(victim.pid, 32 * 1024, 10.0), 0,
+                 "the request's bytes did not reach the frozen peer in 10 s");
     cr_assert_eq(ferry_batch_cancel(batch), FERRY_OK);
     ferry_status_t status = ferry_batch_wait(batch, 20000);
     cr_assert_neq(status, FERRY_ERR_TIMEOUT);

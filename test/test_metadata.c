@@ -242,8 +242,17 @@ static void survive_restart(service_t *svc, int keep_data)
     cr_assert_eq(ferry_register(e, mine + MIB, MIB, "cpu", 0), FERRY_OK);
     cr_assert_str_eq(peer_cmd(&p, "reg %zu %zu", MIB, MIB), "OK");
     cr_assert_lt(now() - start, 5.0, "registration waited for the store");
+    /* Registered all the same, but ferry_publish tells the truth. */
+    status = ferry_publish(e);
+    cr_assert(is_metadata_error(status), "store down: ferry_publish gave %s",
+              ferry_status_string(status));
 
     cr_assert_eq(service_restart(svc, keep_data), 0);
+    start = now();
+    while ((status = ferry_publish(e)) != FERRY_OK && now() - start < 10.0)
+        usleep(100000);
+    cr_assert_eq(status, FERRY_OK, "store back: ferry_publish gave %s",
+                 ferry_status_string(status));
 
     /* Republished with what changed while the store was down... */
     cr_assert(wait_published(o, p_name, p.arena + MIB, 10.0), "P's newest descriptor");

@@ -112,6 +112,10 @@ FERRY_API ferry_status_t ferry_register_batch(ferry_engine_h engine, const ferry
 /* Drop one reference on the range starting at addr; the last one waits for
  * transfers on it, deregisters, publishes and tells peers. */
 FERRY_API ferry_status_t ferry_unregister(ferry_engine_h engine, void *addr);
+/* Publish the segment now (registrations do it themselves unless deferred):
+ * FERRY_OK once the metadata store has it, else the store's error (a shared
+ * store keeps retrying in the background; ferry_register succeeds all the
+ * same).  So a caller that must know its segment can be opened asks this. */
 FERRY_API ferry_status_t ferry_publish(ferry_engine_h engine);
 
 /*

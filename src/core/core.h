@@ -633,12 +633,15 @@ struct ferry_engine {
     /* register_lock: a shared store's change records (engine_publish.c):
      * the last revision given to publish_changes (0: none), the revision of
      * the last whole descriptor published (the checkpoint), the records
-     * since it and their bytes, and the checkpoint's length. */
+     * since it and their bytes, and the checkpoint's length; store_behind:
+     * the store refused the last publication, so the next one is whole
+     * (and ferry_publish reports what the store says, never a memo). */
     uint64_t store_revision;
     uint64_t store_checkpoint;
     unsigned store_steps;
     size_t store_bytes;
     size_t store_whole_length;
+    int store_behind;
 
     struct ferry_rpc_server *rpc_server;
     /* Set (release) once create has built everything: the RPC server runs

@@ -413,7 +413,8 @@ ferry_status_t ferry_engine_changes_text(ferry_engine_t *engine, uint64_t genera
  * record, the whole encoding is paid once per so many changes, and a
  * reader that opens the segment reads the checkpoint and at most an eighth
  * more.  Only for the compact form: a JSON descriptor carries no revision,
- * so no reader would ever ask.  Caller holds register_lock (store_*).
+ * so no reader would ever ask.  After a publication the store refused,
+ * the next is whole whatever changed.  Caller holds register_lock (store_*).
  * Returns whether the whole descriptor is to be published.
  */
 #define CHECKPOINT_STEPS 128
@@ -434,9 +435,14 @@ static int publish_store_changes(ferry_engine_t *engine)
     uint64_t oldest = log->from + 1;
     if (engine->store_checkpoint + 1 < oldest)
         oldest = engine->store_checkpoint + 1;
-    if (revision == engine->store_revision) {
+    if (revision == engine->store_revision && !engine->store_behind) {
         pthread_mutex_unlock(&engine->published_lock);
         return 0; /* nothing changed: the store has it all */
+    }
+    if (engine->store_behind) {
+        engine->store_revision = revision;
+        pthread_mutex_unlock(&engine->published_lock);
+        return 1; /* its last whole descriptor was refused: that again, new */
     }
     if (engine->store_revision != 0 && engine->store_revision + 1 == revision &&
         log->n_steps > 0 && log->steps[log->n_steps - 1].revision == revision) {
@@ -476,6 +482,7 @@ ferry_status_t ferry_engine_publish_locked(ferry_engine_t *engine)
     status = engine->metadata->publish(engine->metadata_ctx, engine->name, text);
     free(text);
     /* Taken (or kept by the store for its keeper): the new checkpoint. */
+    engine->store_behind = status != FERRY_OK;
     engine->store_checkpoint = engine->store_revision;
     engine->store_steps = 0;
     engine->store_bytes = 0;

@@ -36,6 +36,7 @@
 
 #define NAME_MAX_LENGTH 96
 #define ERRORS_SHOWN 5 /* per engine: the first failures are said, the rest counted */
+#define PUBLISH_WAIT_S 10 /* at most (and at most -T): the store's retries of a publication */
 
 typedef struct options {
     int processes;
@@ -286,6 +287,39 @@ static ferry_status_t create_engine(const options_t *opts, int mpi, int rank, in
     return ferry_register(run->engine, run->buffer, length, "cpu", FERRY_REG_REMOTE);
 }
 
+/* Every engine's segment is in the store before anyone opens it.
+ * ferry_register succeeds when its publication did not (the store retries
+ * in the background), so a store that stalled past its request bound would
+ * turn into opens that miss the segment: each engine publishes again until
+ * its store says yes, all with one deadline.  An engine still unpublished
+ * at the deadline is said once; the opens of its segment then fail and are
+ * counted. */
+static void confirm_published(const options_t *opts, engine_run_t *runs, int engines)
+{
+    unsigned wait_s = opts->timeout_s < PUBLISH_WAIT_S ? opts->timeout_s : PUBLISH_WAIT_S;
+    double deadline = now_us() + wait_s * 1e6;
+    ferry_status_t *last = calloc((size_t)engines, sizeof(*last));
+    if (last == NULL)
+        return; /* the opens will tell */
+    for (int e = 0; e < engines; e++)
+        last[e] = FERRY_ERR_METADATA;
+    for (;;) {
+        int missing = 0;
+        for (int e = 0; e < engines; e++)
+            if (last[e] != FERRY_OK)
+                missing += (last[e] = ferry_publish(runs[e].engine)) != FERRY_OK;
+        if (missing == 0 || now_us() >= deadline)
+            break;
+        usleep(100000);
+    }
+    for (int e = 0; e < engines; e++)
+        if (last[e] != FERRY_OK)
+            fprintf(stderr, "ferry_bench_scale: engine %d: segment %s not published in %u s: %s\n",
+                    runs[e].global, ferry_engine_segment_name(runs[e].engine), wait_s,
+                    ferry_status_string(last[e]));
+    free(last);
+}
+
 static double median(double *values, int n)
 {
     for (int i = 1; i < n; i++) /* insertion sort: n is the process count */
@@ -417,6 +451,8 @@ static int run_process(const options_t *opts, scale_coord_t *coord)
         snprintf(mine[e].name, sizeof(mine[e].name), "%s",
                  ferry_engine_segment_name(run->engine));
     }
+    if (!broken)
+        confirm_published(opts, runs, engines);
     measure(&report.usage[AT_IDLE]);
     /* A process that could not start its engines still takes part in every
      * exchange (with empty names), so that the others fail cleanly. */
