@@ -176,11 +176,13 @@ Test(many_ranks, a_dead_store_fails_cleanly)
 {
     require(SERVICE_REDIS);
     int port = service_free_port();
-    int rc = run("FERRY_LOG_LEVEL=error timeout -k 5 120 %s -p 2 -e 2 -m redis://127.0.0.1:%d",
+    /* -T 2: the wait for the segments to be published ends in 2 s */
+    int rc = run("FERRY_LOG_LEVEL=error timeout -k 5 120 %s -p 2 -e 2 -T 2 -m redis://127.0.0.1:%d",
                  bench(), port);
     cr_assert_eq(rc, 1, "exit %d\n%s", rc, output);
     cr_assert(strstr(output, "failed opens 12") != NULL, "%s", output);
     cr_assert(strstr(output, "ferry_bench_scale: engine 0: open") != NULL, "%s", output);
+    cr_assert(strstr(output, "not published in 2 s") != NULL, "%s", output);
 }
 
 /* Bad options: one line, exit 2, nothing started. */

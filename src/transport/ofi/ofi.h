@@ -109,6 +109,14 @@
 /* While ops are posted, the target endpoint's CQ is read on every this
  * many looks (ofi_context.c, progress_all). */
 #define FERRY_OFI_TARGET_EVERY 4
+/* Without a count of RMA served (tcp;ofi_rxm has no FI_RMA_EVENT), a read
+ * of the target CQ that found no entry but took this long served a peer's
+ * RMA: an empty look is an epoll_wait of no ready socket (~1 us here),
+ * serving a 64 KiB read a 64 KiB sendmsg (tens).  It counts as the
+ * target's event, so its thread spins on through a stream of requests
+ * instead of sleeping on the fd once per FD_SPIN window (a wakeup, and
+ * an empty pipeline behind it, mid-stream; ofi_context.c, idle_look). */
+#define FERRY_OFI_SERVED_US 5
 /* In a spin window the progress thread yields the core on every this many
  * empty looks (ofi_context.c, spin_look). */
 #define FERRY_OFI_YIELD_EVERY 8
@@ -244,6 +252,11 @@ struct ferry_ofi {
      * using us, since served RMA leaves no CQ entry. */
     struct fid_cntr *target_cntr;
     atomic_uint_fast64_t target_served; /* its last value read */
+    /* 1 while a thread reads that CQ (ofi_xfer.c, cq_claim): a second
+     * reader goes on instead of waiting for the provider's lock. */
+    atomic_int target_reading;
+    atomic_int lane_reading;
+    atomic_int lane_posting; /* runs of posts under way (pump_locked) */
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
     atomic_uint next_name;   /* endpoints named so far (ferry_ofi_name_endpoint) */
     char *address;           /* our endpoint string; immutable after create */

@@ -303,8 +303,10 @@ static unsigned pump_locked(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, uint64_t now_
         fi_addr_t addr = p->addr;
         pthread_mutex_unlock(&p->lock);
         unsigned posted = 0;
+        atomic_fetch_add_explicit(&ofi->lane_posting, 1, memory_order_relaxed);
         while (posted < n && (ret = post(ofi, lane, addr, run[posted])) == 0)
             posted++; /* each op posted may be finished already: not touched again */
+        atomic_fetch_sub_explicit(&ofi->lane_posting, 1, memory_order_relaxed);
         pthread_mutex_lock(&p->lock);
         if (posted != 0) {
             /* now_ms: submit read the clock as it queued for an idle peer */
@@ -428,12 +430,38 @@ static void finish_error(ferry_ofi_t *ofi, lane_error_t *e)
     ferry_ofi_peer_put(p);
 }
 
+/*
+ * One reader of a CQ at a time.  The caller's progress op (ferry_batch_wait's
+ * spin) and the progress thread both read the lane's CQ, and both read the
+ * target's; under FI_THREAD_SAFE the provider serializes them on its CQ and
+ * endpoint locks, and on tcp;ofi_rxm a CQ read is an epoll_wait and the
+ * socket I/O behind it, so the second reader slept on the lock (a futex
+ * wait and two context switches) about once per ten 64 KiB writes.  It has
+ * nothing to do there: the reader inside finishes every op it finds,
+ * whoever posted it.  So a second reader returns at once, as from an empty
+ * CQ, and looks again on its next turn.  The same while a run of posts is
+ * under way on the lane (pump_locked): a post over tcp;ofi_rxm sends
+ * inline under the endpoint's lock, and the thread's CQ read waited there
+ * behind the caller's submit of a window of 64 KiB writes.
+ */
+static int cq_claim(atomic_int *reading)
+{
+    return atomic_load_explicit(reading, memory_order_relaxed) == 0 &&
+           atomic_exchange_explicit(reading, 1, memory_order_acquire) == 0;
+}
+
+static void cq_release(atomic_int *reading)
+{
+    atomic_store_explicit(reading, 0, memory_order_release);
+}
+
 unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
 {
     struct fi_cq_entry entries[FERRY_OFI_CQ_BATCH];
     lane_error_t error = {.op = NULL};
     pthread_rwlock_rdlock(&ofi->lane_lock);
-    if (ofi->lane == NULL) {
+    if (ofi->lane == NULL || atomic_load_explicit(&ofi->lane_posting, memory_order_relaxed) ||
+        !cq_claim(&ofi->lane_reading)) {
         pthread_rwlock_unlock(&ofi->lane_lock);
         return 0;
     }
@@ -463,6 +491,7 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
     } else if (n == -FI_EAVAIL) {
         read_error(ofi->lane->cq, &error);
     }
+    cq_release(&ofi->lane_reading);
     pthread_rwlock_unlock(&ofi->lane_lock);
     if (n == -FI_EAVAIL) {
         finish_error(ofi, &error);
@@ -483,11 +512,13 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
     return (unsigned)n;
 }
 
-/* RMA the target served since the last look (0 without a counter). */
-static unsigned target_served(ferry_ofi_t *ofi)
+/* Whether the target served a peer's RMA in a look whose CQ read (begun
+ * at read_us, read only without a counter) found no entry: the counter
+ * moved, or without one the read took FERRY_OFI_SERVED_US. */
+static unsigned target_served(ferry_ofi_t *ofi, uint64_t read_us)
 {
     if (ofi->target_cntr == NULL)
-        return 0;
+        return ferry_ofi_time_us() - read_us >= FERRY_OFI_SERVED_US;
     uint64_t served = fi_cntr_read(ofi->target_cntr);
     uint64_t seen = atomic_exchange_explicit(&ofi->target_served, served, memory_order_relaxed);
     return served != seen;
@@ -498,13 +529,18 @@ unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
     struct fid_cq *cq = ofi->target_cq;
     if (cq == NULL)
         return 0;
+    if (!cq_claim(&ofi->target_reading))
+        return 0;
     struct fi_cq_entry entries[4];
+    uint64_t read_us = ofi->target_cntr == NULL ? ferry_ofi_time_us() : 0;
     ssize_t n = fi_cq_read(cq, entries, 4);
+    struct fi_cq_err_entry err = {0};
+    int err_read = n == -FI_EAVAIL && fi_cq_readerr(cq, &err, 0) == 1;
+    cq_release(&ofi->target_reading);
     if (n == -FI_EAGAIN)
-        return target_served(ofi);
+        return target_served(ofi, read_us);
     if (n == -FI_EAVAIL) {
-        struct fi_cq_err_entry err = {0};
-        if (fi_cq_readerr(cq, &err, 0) == 1)
+        if (err_read)
             ferry_debug("ofi: target endpoint: %s", fi_strerror(err.err));
         return 1;
     }
