@@ -69,7 +69,9 @@
  *                                   the lane.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
  *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
- *                                   taken under it (a leaf).
+ *                                   taken under it (a leaf; a spin lock:
+ *                                   held for a list splice, two per 8 B
+ *                                   write).
  *   peer->lock (mutex)              posted and pending lists and counts,
  *                                   state, why, last_activity_ms,
  *                                   lane_id, addr, attempted, connected,
@@ -104,8 +106,9 @@
  * look is this old (a restarted peer is noticed before anything is posted
  * to the dead one). */
 #define FERRY_OFI_LIVENESS_MS 20
-/* The same through the peer's pidfd (a poll), at most this often. */
-#define FERRY_OFI_PIDFD_US 1000
+/* The same through the peer's pidfd (a poll), at most this often (on the
+ * coarse clock: once per kernel tick, 1-4 ms, where it advances slower). */
+#define FERRY_OFI_PIDFD_MS 1
 /* While ops are posted, the target endpoint's CQ is read on every this
  * many looks (ofi_context.c, progress_all). */
 #define FERRY_OFI_TARGET_EVERY 4
@@ -171,7 +174,7 @@ typedef struct ferry_ofi_peer {
     unsigned long long start_time;
     int pidfd;            /* pidfd_open(pid), or -1 */
     atomic_uint refs;
-    atomic_uint_fast64_t checked_us; /* last liveness look (same-host peers) */
+    atomic_uint_fast64_t checked_ms; /* last liveness look (same-host peers) */
     atomic_int dead;      /* seen gone once: never looked at again */
 
     pthread_mutex_t lock;
@@ -181,6 +184,9 @@ typedef struct ferry_ofi_peer {
     unsigned pending;
     ferry_ofi_peer_state_t state;
     ferry_status_t why;   /* state FAILED: the status its ops get */
+    /* state became FAILED (set under the lock, read without it: a submit's
+     * look at a cached peer took the lock for this alone) */
+    atomic_int failed;
     uint64_t last_activity_ms; /* last completion or accepted post, or when it became busy */
     uint64_t lane_id;     /* the lane addr is valid on; 0: not inserted */
     fi_addr_t addr;
@@ -276,7 +282,7 @@ struct ferry_ofi {
     /* Finished ops kept for the next submits (at most FERRY_OFI_OP_CACHE):
      * a submit takes its ops and a CQ read's worth of finished ops goes
      * back in one lock hold each, instead of a calloc and a free per op. */
-    pthread_mutex_t op_cache_lock;
+    pthread_spinlock_t op_cache_lock;
     ferry_ofi_op_t *op_cache;
     unsigned op_cache_count;
 

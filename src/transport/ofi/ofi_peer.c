@@ -109,7 +109,7 @@ static ferry_ofi_peer_t *table_find(ferry_ofi_t *ofi, const char *endpoint)
 }
 
 /* Whether a same-host peer's process is gone: a poll of its pidfd at most
- * every FERRY_OFI_PIDFD_US (a clock read otherwise: the look sat on every
+ * every FERRY_OFI_PIDFD_MS (a coarse clock read otherwise: the look sat on every
  * submit and post round of a latency loop), else a look in /proc at most
  * every FERRY_OFI_LIVENESS_MS.  Once seen gone, always gone. */
 int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
@@ -118,12 +118,12 @@ int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
         return 0;
     if (atomic_load_explicit(&p->dead, memory_order_relaxed))
         return 1;
-    uint64_t now = ferry_ofi_time_us();
-    uint64_t every = p->pidfd >= 0 ? FERRY_OFI_PIDFD_US : FERRY_OFI_LIVENESS_MS * 1000u;
-    uint64_t checked = atomic_load_explicit(&p->checked_us, memory_order_relaxed);
+    uint64_t now = ferry_ofi_time_ms();
+    uint64_t every = p->pidfd >= 0 ? FERRY_OFI_PIDFD_MS : FERRY_OFI_LIVENESS_MS;
+    uint64_t checked = atomic_load_explicit(&p->checked_ms, memory_order_relaxed);
     if (now - checked < every)
         return 0;
-    atomic_store_explicit(&p->checked_us, now, memory_order_relaxed);
+    atomic_store_explicit(&p->checked_ms, now, memory_order_relaxed);
     int dead;
     if (p->pidfd >= 0) {
         struct pollfd fd = {.fd = p->pidfd, .events = POLLIN};
@@ -138,9 +138,9 @@ int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 
 static ferry_status_t peer_state(ferry_ofi_peer_t *p)
 {
-    pthread_mutex_lock(&p->lock);
-    ferry_status_t status = p->state == FERRY_OFI_PEER_OK ? FERRY_OK : FERRY_ERR_PEER_FAILED;
-    pthread_mutex_unlock(&p->lock);
+    ferry_status_t status = atomic_load_explicit(&p->failed, memory_order_acquire)
+                                ? FERRY_ERR_PEER_FAILED
+                                : FERRY_OK;
     if (status == FERRY_OK && ferry_ofi_peer_dead(p)) {
         ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         status = FERRY_ERR_PEER_FAILED;
@@ -200,7 +200,8 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
         peer_free(fresh);
         return FERRY_ERR_PEER_FAILED; /* never post to a dead incarnation */
     }
-    atomic_init(&fresh->checked_us, ferry_ofi_time_us());
+    atomic_init(&fresh->checked_ms, ferry_ofi_time_ms());
+    atomic_init(&fresh->failed, 0);
     pthread_mutex_lock(&ofi->lock);
     p = table_find(ofi, peer->endpoint);
     if (p == NULL) {
@@ -273,6 +274,7 @@ void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *wh
     if (first) {
         p->state = FERRY_OFI_PEER_FAILED;
         p->why = why;
+        atomic_store_explicit(&p->failed, 1, memory_order_release);
     }
     while ((op = ferry_ofi_pending_pop(p)) != NULL) {
         op->next = pending;
@@ -436,6 +438,7 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi)
         if (p->state == FERRY_OFI_PEER_OK) {
             p->state = FERRY_OFI_PEER_FAILED;
             p->why = FERRY_ERR_CANCELED;
+            atomic_store_explicit(&p->failed, 1, memory_order_release);
         }
         pthread_mutex_unlock(&p->lock);
         ferry_ofi_peer_put(p);
