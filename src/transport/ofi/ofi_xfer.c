@@ -260,8 +260,12 @@ static void unpost_rest(ferry_ofi_peer_t *p, ferry_ofi_op_t **run, unsigned from
  * are released on return.  Submit enters here with the ops it has just
  * queued, so that queueing and posting them take the peer's lock once
  * between them (they took it twice before: 57 instructions of an 8 B
- * write's ~1,800 in the module, doc/performance.md "ofi, fifth round"). */
-static unsigned pump_locked(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, uint64_t now_ms)
+ * write's ~1,800 in the module, doc/performance.md "ofi, fifth round").
+ * looked: the caller has just looked whether the peer's process is gone
+ * (submit, through ferry_ofi_peer_get_cached), so the pump does not look
+ * again (a second look was ~50 instructions of an 8 B write, between a
+ * completion and the next post). */
+static unsigned pump_locked(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, uint64_t now_ms, int looked)
 {
     ferry_ofi_op_t *failed = NULL;
     ferry_status_t failed_status = FERRY_OK;
@@ -287,7 +291,7 @@ static unsigned pump_locked(ferry_ofi_t *ofi, ferry_ofi_peer_t *p, uint64_t now_
     /* shm (libfabric 1.17) posts under a spin lock inside the peer's
      * region: a look at the peer's pidfd first keeps us from posting to a
      * peer already dead (once per pump, not per op). */
-    gone = ofi->silent_deaths && ferry_ofi_peer_dead(p);
+    gone = ofi->silent_deaths && !looked && ferry_ofi_peer_dead(p);
     int again = 0;
     while (!gone && !again && p->state == FERRY_OFI_PEER_OK && p->pending != 0 &&
            p->posted < ofi->window) {
@@ -363,7 +367,7 @@ unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p)
         return 0;
     pthread_rwlock_rdlock(&ofi->lane_lock);
     pthread_mutex_lock(&p->lock);
-    return pump_locked(ofi, p, 0);
+    return pump_locked(ofi, p, 0, 0);
 }
 
 /* What a CQ error entry means for the rest of the peer's ops: a refused
@@ -713,7 +717,7 @@ ferry_status_t ferry_ofi_submit(void *ctx, const ferry_peer_t *peer, ferry_slice
         pthread_rwlock_rdlock(&ofi->lane_lock);
         pthread_mutex_lock(&p->lock);
         if (p->state == FERRY_OFI_PEER_OK) {
-            pump_locked(ofi, p, pending_append(p, first, last, count));
+            pump_locked(ofi, p, pending_append(p, first, last, count), 1);
         } else {
             ferry_status_t why = p->why;
             pthread_mutex_unlock(&p->lock);
