@@ -69,9 +69,11 @@
  *                                   the lane.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
  *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
- *                                   taken under it (a leaf; a spin lock:
- *                                   held for a list splice, two per 8 B
- *                                   write).
+ *                                   taken under it (a leaf; a mutex: as a
+ *                                   spin lock it made shm 64 KiB writes
+ *                                   ~5% slower on a host with more threads
+ *                                   than cores, doc/performance.md "ofi,
+ *                                   seventh round").
  *   peer->lock (mutex)              posted and pending lists and counts,
  *                                   state, why, last_activity_ms,
  *                                   lane_id, addr, attempted, connected,
@@ -282,7 +284,7 @@ struct ferry_ofi {
     /* Finished ops kept for the next submits (at most FERRY_OFI_OP_CACHE):
      * a submit takes its ops and a CQ read's worth of finished ops goes
      * back in one lock hold each, instead of a calloc and a free per op. */
-    pthread_spinlock_t op_cache_lock;
+    pthread_mutex_t op_cache_lock;
     ferry_ofi_op_t *op_cache;
     unsigned op_cache_count;
 

@@ -217,7 +217,7 @@ static void ofi_destroy(void *ctx)
     ferry_ofi_op_cache_free(ofi);
     pthread_rwlock_destroy(&ofi->lane_lock);
     pthread_mutex_destroy(&ofi->lock);
-    pthread_spin_destroy(&ofi->op_cache_lock);
+    pthread_mutex_destroy(&ofi->op_cache_lock);
     ferry_settings_release(ferry_ofi_settings_table, ferry_ofi_settings_count, &ofi->settings);
     free(ofi->address);
     free(ofi);
@@ -235,14 +235,14 @@ static ferry_status_t ofi_create(const ferry_transport_services_t *svc, void **c
     ofi->target_fd = -1;
     ofi->wake_fd = -1;
     pthread_mutex_init(&ofi->lock, NULL);
-    pthread_spin_init(&ofi->op_cache_lock, PTHREAD_PROCESS_PRIVATE);
+    pthread_mutex_init(&ofi->op_cache_lock, NULL);
     pthread_rwlock_init(&ofi->lane_lock, NULL);
     ferry_status_t status = ferry_settings_read("OFI", ferry_ofi_settings_table,
                                                 ferry_ofi_settings_count, &ofi->settings);
     if (status != FERRY_OK) {
         pthread_rwlock_destroy(&ofi->lane_lock);
         pthread_mutex_destroy(&ofi->lock);
-        pthread_spin_destroy(&ofi->op_cache_lock);
+        pthread_mutex_destroy(&ofi->op_cache_lock);
         free(ofi);
         return status;
     }

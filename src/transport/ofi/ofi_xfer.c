@@ -122,7 +122,7 @@ static ferry_ofi_op_t *op_cache_take(ferry_ofi_t *ofi, unsigned want)
 {
     if (want == 0)
         return NULL;
-    pthread_spin_lock(&ofi->op_cache_lock);
+    pthread_mutex_lock(&ofi->op_cache_lock);
     ferry_ofi_op_t *first = ofi->op_cache, *last = NULL;
     unsigned taken = 0;
     for (ferry_ofi_op_t *op = first; op != NULL && taken < want; op = op->next) {
@@ -134,7 +134,7 @@ static ferry_ofi_op_t *op_cache_take(ferry_ofi_t *ofi, unsigned want)
         last->next = NULL;
         ofi->op_cache_count -= taken;
     }
-    pthread_spin_unlock(&ofi->op_cache_lock);
+    pthread_mutex_unlock(&ofi->op_cache_lock);
     return last != NULL ? first : NULL;
 }
 
@@ -154,14 +154,14 @@ static void op_cache_give(ferry_ofi_t *ofi, ferry_ofi_op_t *ops, ferry_ofi_op_t 
 {
     if (ops == NULL)
         return;
-    pthread_spin_lock(&ofi->op_cache_lock);
+    pthread_mutex_lock(&ofi->op_cache_lock);
     if (ofi->op_cache_count + count <= FERRY_OFI_OP_CACHE) {
         last->next = ofi->op_cache;
         ofi->op_cache = ops;
         ofi->op_cache_count += count;
         ops = NULL;
     }
-    pthread_spin_unlock(&ofi->op_cache_lock);
+    pthread_mutex_unlock(&ofi->op_cache_lock);
     free_chain(ops);
 }
 
