@@ -184,11 +184,11 @@ typedef struct ferry_ofi_peer {
     unsigned posted;
     ferry_ofi_op_t *pending_head, *pending_tail; /* not yet accepted, in order */
     unsigned pending;
-    ferry_ofi_peer_state_t state;
+    /* written under the lock; read under it, or without it in one acquire
+     * load (peer_state: a submit's look at a cached peer took the lock for
+     * this alone) */
+    _Atomic(ferry_ofi_peer_state_t) state;
     ferry_status_t why;   /* state FAILED: the status its ops get */
-    /* state became FAILED (set under the lock, read without it: a submit's
-     * look at a cached peer took the lock for this alone) */
-    atomic_int failed;
     uint64_t last_activity_ms; /* last completion or accepted post, or when it became busy */
     uint64_t lane_id;     /* the lane addr is valid on; 0: not inserted */
     fi_addr_t addr;

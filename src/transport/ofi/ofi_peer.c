@@ -138,9 +138,10 @@ int ferry_ofi_peer_dead(ferry_ofi_peer_t *p)
 
 static ferry_status_t peer_state(ferry_ofi_peer_t *p)
 {
-    ferry_status_t status = atomic_load_explicit(&p->failed, memory_order_acquire)
-                                ? FERRY_ERR_PEER_FAILED
-                                : FERRY_OK;
+    ferry_status_t status = atomic_load_explicit(&p->state, memory_order_acquire) ==
+                                    FERRY_OFI_PEER_OK
+                                ? FERRY_OK
+                                : FERRY_ERR_PEER_FAILED;
     if (status == FERRY_OK && ferry_ofi_peer_dead(p)) {
         ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, "its process is gone", 0);
         status = FERRY_ERR_PEER_FAILED;
@@ -201,7 +202,6 @@ ferry_status_t ferry_ofi_peer_get(ferry_ofi_t *ofi, const ferry_peer_t *peer,
         return FERRY_ERR_PEER_FAILED; /* never post to a dead incarnation */
     }
     atomic_init(&fresh->checked_ms, ferry_ofi_time_ms());
-    atomic_init(&fresh->failed, 0);
     pthread_mutex_lock(&ofi->lock);
     p = table_find(ofi, peer->endpoint);
     if (p == NULL) {
@@ -272,9 +272,8 @@ void ferry_ofi_peer_fail(ferry_ofi_peer_t *p, ferry_status_t why, const char *wh
     pthread_mutex_lock(&p->lock);
     int first = p->state == FERRY_OFI_PEER_OK;
     if (first) {
-        p->state = FERRY_OFI_PEER_FAILED;
         p->why = why;
-        atomic_store_explicit(&p->failed, 1, memory_order_release);
+        atomic_store_explicit(&p->state, FERRY_OFI_PEER_FAILED, memory_order_release);
     }
     while ((op = ferry_ofi_pending_pop(p)) != NULL) {
         op->next = pending;
@@ -436,9 +435,8 @@ void ferry_ofi_peers_close_all(ferry_ofi_t *ofi)
             break;
         pthread_mutex_lock(&p->lock);
         if (p->state == FERRY_OFI_PEER_OK) {
-            p->state = FERRY_OFI_PEER_FAILED;
             p->why = FERRY_ERR_CANCELED;
-            atomic_store_explicit(&p->failed, 1, memory_order_release);
+            atomic_store_explicit(&p->state, FERRY_OFI_PEER_FAILED, memory_order_release);
         }
         pthread_mutex_unlock(&p->lock);
         ferry_ofi_peer_put(p);
