@@ -48,25 +48,33 @@
  * ofi->lock reference a peer only if its refs are not already 0.
  *
  * Lane references: none are counted.  ofi->lane is read only under
- * lane_lock: read-held by whoever posts on it or reads its CQ (submit's
- * pump, the progress op, the thread) for the length of those calls, never
- * across a wait; write-held by the fence and by stop, which swap or close
- * it.  So no one can be inside the old lane when it is closed, and a
- * posted op records the lane id it was posted on (not a pointer).  Across
- * a swap: the fence holds the write lock while it closes the old lane and
- * sorts its ops, sets ofi->lane to NULL (posts then leave ops pending, CQ
- * reads find nothing), drops the lock, finishes the failed ops, opens the
- * fresh lane with no lock held, and installs it under the write lock
- * again.  The old lane's memory is freed by the fence (or kept in
- * ofi->parked) once the write lock has shut everybody out of it; the
- * thread, submit and the progress op only ever hold ofi->lane under the
- * read lock, so none can still point at it.
+ * lane_lock, read-held by whoever posts on it (submit's pump, the
+ * thread's), or by the one reader of its CQ (lane_reading, ofi_xfer.c
+ * cq_claim: the progress op, the thread), each for the length of that
+ * call, never across a wait.  The fence and stop, which swap or close it,
+ * hold both: the write lock and the CQ's claim (ferry_ofi_lane_claim,
+ * taken after the write lock, before any other lock).  So no one can be
+ * inside the old lane when it is closed, and a posted op records the lane
+ * id it was posted on (not a pointer).  Across a swap: the fence holds
+ * both while it closes the old lane and sorts its ops, sets ofi->lane to
+ * NULL (posts then leave ops pending, CQ reads find nothing), drops them,
+ * finishes the failed ops, opens the fresh lane with neither held, and
+ * installs it under both again.  The old lane's memory is freed by the
+ * fence (or kept in ofi->parked) once both have shut everybody out of it;
+ * the thread, submit and the progress op only ever hold ofi->lane under
+ * one of them, so none can still point at it.  A CQ read took the read
+ * lock too until the seventh round's review: 21 ns a hold here, paid by
+ * every look of a caller's spin.
  *
  * Locks, in the order they are taken:
  *   ferry_ofi_t.lane_lock (rwlock)  ofi->lane (pointer and endpoint);
- *                                   read: post, CQ read, fi_av_insert
+ *                                   read: post, fi_av_insert
  *                                   (FI_THREAD_SAFE); write: swap or close
  *                                   the lane.
+ *   ferry_ofi_t.lane_reading (claim) ofi->lane for its CQ's one reader;
+ *                                   the fence and stop take it under the
+ *                                   write lock.  Its holder takes
+ *                                   peer->lock, nothing else.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
  *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
  *                                   taken under it (a leaf; a mutex: as a
@@ -299,8 +307,19 @@ struct ferry_ofi {
     atomic_int caller_nap;
     atomic_uint_fast64_t caller_polls; /* bumped by each progress op */
     atomic_uint_fast64_t caller_leaves; /* bumped by each progress_leave */
-    atomic_uint target_turn; /* looks while busy: the target CQ every TARGET_EVERY-th */
+    atomic_uint_fast64_t target_turn; /* looks while busy: the target CQ every TARGET_EVERY-th */
 };
+
+/* A counter that only has to move (caller_polls, target_turn), bumped with
+ * a plain load and store: two callers bumping it at once may count one
+ * look, which neither reader minds, where a locked add cost each look of
+ * a caller's spin ~6 ns. */
+static inline uint64_t ferry_ofi_bump(atomic_uint_fast64_t *counter)
+{
+    uint64_t value = atomic_load_explicit(counter, memory_order_relaxed);
+    atomic_store_explicit(counter, value + 1, memory_order_relaxed);
+    return value;
+}
 
 /* ---- ofi_plugin.c ---- */
 extern const ferry_setting_t ferry_ofi_settings_table[];
@@ -429,6 +448,11 @@ void ferry_ofi_peer_cache_release(void *ctx, void *cached);
 /* Post the peer's pending ops while its window has room and the lane
  * accepts them; returns how many were posted.  Caller holds a reference. */
 unsigned ferry_ofi_peer_pump(ferry_ofi_peer_t *p);
+/* The lane's CQ claimed, waiting for its reader to finish (the fence and
+ * stop, under lane_lock's write hold: ofi.h, "Lane references"), and
+ * given back. */
+void ferry_ofi_lane_claim(ferry_ofi_t *ofi);
+void ferry_ofi_lane_unclaim(ferry_ofi_t *ofi);
 /* Read the lane's CQ and finish what completed; returns how many. */
 unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi);
 /* Drive the target endpoint (rxm and shm serve peers' RMA only while

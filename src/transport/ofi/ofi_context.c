@@ -330,7 +330,7 @@ static unsigned progress_all(ferry_ofi_t *ofi)
     unsigned events = 0;
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) != 0) {
         events = ferry_ofi_lane_progress(ofi);
-        unsigned turn = atomic_fetch_add_explicit(&ofi->target_turn, 1, memory_order_relaxed);
+        uint64_t turn = ferry_ofi_bump(&ofi->target_turn);
         if (turn % FERRY_OFI_TARGET_EVERY != 0)
             return events;
         events += pump_pending(ofi);
@@ -341,7 +341,7 @@ static unsigned progress_all(ferry_ofi_t *ofi)
 unsigned ferry_ofi_progress(void *ctx)
 {
     ferry_ofi_t *ofi = ctx;
-    atomic_fetch_add_explicit(&ofi->caller_polls, 1, memory_order_relaxed);
+    ferry_ofi_bump(&ofi->caller_polls);
     return progress_all(ofi);
 }
 
@@ -405,6 +405,11 @@ typedef struct pace {
     uint64_t last_own_event_us;
     unsigned nap_us;        /* the back-off nap, growing while nothing happens */
     unsigned empty_spins;   /* empty looks in a spin window */
+    /* The clock as the last look read it (look_clock), never before
+     * last_event_us or last_own_event_us: every event sets it too
+     * (pace_event). */
+    uint64_t now_us;
+    int spinning;           /* the last empty look was inside a spin window */
     /* FERRY_OFI_FD_SPIN=auto (fd_spin_window) */
     unsigned auto_spin_us;  /* the window where spinning pays: 0 on fewer than 2 CPUs */
     long host_cpus;         /* online CPUs of the host */
@@ -510,9 +515,33 @@ static void adapt_fd_spin(pace_t *pace, int woke, uint64_t slept_us)
                                                                      : AUTO_FD_SPIN_US;
 }
 
+/* An event now (a completion, RMA served, a wakeup; own: the thread's own,
+ * see last_own_event_us): the spin windows count from it. */
+static void pace_event(pace_t *pace, int own)
+{
+    pace->now_us = pace->last_event_us = ferry_ofi_time_us();
+    if (own)
+        pace->last_own_event_us = pace->now_us;
+}
+
+/* Empty looks inside a spin window between two readings of the clock.  A
+ * reading (~24 ns on this VM) was an eighth of the target thread's empty
+ * look on shm, and a peer's post waits half a look on average before the
+ * look that serves it; a window of hundreds of microseconds ends a few
+ * looks late at most. */
+#define SPIN_LOOKS_PER_CLOCK 8
+
+static uint64_t look_clock(pace_t *pace)
+{
+    if (pace->spinning && pace->empty_spins % SPIN_LOOKS_PER_CLOCK != 0)
+        return pace->now_us;
+    return pace->now_us = ferry_ofi_time_us();
+}
+
 static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
 {
-    *pace = (pace_t){.last_event_us = ferry_ofi_time_us()};
+    *pace = (pace_t){0};
+    pace_event(pace, 0);
     pace->host_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (pace->host_cpus < 1)
         pace->host_cpus = 1;
@@ -536,6 +565,7 @@ static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
 #define YIELD_EVERY_UNCROWDED 64
 static void spin_look(pace_t *pace, uint64_t now)
 {
+    pace->spinning = 1;
     look_at_load(pace, now);
     unsigned every = pace->crowded_looks != 0 ? FERRY_OFI_YIELD_EVERY : YIELD_EVERY_UNCROWDED;
     if (++pace->empty_spins % every == 0)
@@ -557,7 +587,8 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         sched_yield();
         return;
     }
-    uint64_t now = ferry_ofi_time_us();
+    uint64_t now = look_clock(pace);
+    pace->spinning = 0; /* spin_look sets it again */
     if (busy && !ofi->target_copies) {
         /* our CQ reads move the bytes: poll, yielding as in a spin window
          * (a yield on each empty look put a system call, and wherever
@@ -576,7 +607,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         }
         unsigned timeout = ofi->settings.timeout_ms / 4;
         int woke = sleep_on_fd(ofi, timeout == 0 || timeout > 100 ? 100 : (int)timeout);
-        uint64_t after = ferry_ofi_time_us();
+        uint64_t after = pace->now_us = ferry_ofi_time_us();
         if (woke)
             pace->last_event_us = pace->last_own_event_us = after;
         if (ofi->settings.fd_spin_auto)
@@ -631,12 +662,12 @@ static void *progress_thread(void *arg)
             atomic_store_explicit(&ofi->caller_nap, 1, memory_order_release);
             wait_wake(ofi, off_us);
             atomic_store_explicit(&ofi->caller_nap, 0, memory_order_release);
-            pace.last_event_us = ferry_ofi_time_us();
+            pace_event(&pace, 0);
             continue;
         }
         off_us = 0;
         if (progress_all(ofi) != 0) {
-            pace.last_event_us = pace.last_own_event_us = ferry_ofi_time_us();
+            pace_event(&pace, 1);
             pace.nap_us = 0;
             continue;
         }

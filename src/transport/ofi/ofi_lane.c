@@ -154,7 +154,7 @@ static void park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane)
  * old CQ gave back after the close first (done: OK ones, chained on *ok),
  * then what is still on the peers' lists.  Unfinished ops of healthy peers
  * go back to pending (unless stopping); the rest is returned to be failed.
- * Caller holds lane_lock for writing and ofi->lock. */
+ * Caller holds lane_lock for writing, the CQ's claim and ofi->lock. */
 static ferry_ofi_op_t *sort_ops(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int drain,
                                 int stopping, ferry_ofi_op_t **ok, unsigned *requeued_p)
 {
@@ -214,8 +214,8 @@ static ferry_ofi_op_t *sort_ops(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int dr
     return failed;
 }
 
-/* Close (or park) the lane under the write lock and sort its ops; the
- * caller finishes them once no lock is held. */
+/* Close (or park) the lane under the write lock and the CQ's claim and
+ * sort its ops; the caller finishes them once no lock is held. */
 static ferry_ofi_op_t *retire(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stopping,
                               ferry_ofi_op_t **ok, unsigned *requeued_p, int *parked_p)
 {
@@ -252,6 +252,7 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
         pthread_rwlock_unlock(&ofi->lane_lock); /* replaced, or being replaced, already */
         return;
     }
+    ferry_ofi_lane_claim(ofi);
     ferry_ofi_op_t *ok = NULL;
     unsigned requeued = 0;
     int parked = 0;
@@ -261,6 +262,7 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
      * now rather than after the opening. */
     ofi->lane = NULL;
     atomic_fetch_add(&ofi->lanes_closed, 1);
+    ferry_ofi_lane_unclaim(ofi);
     pthread_rwlock_unlock(&ofi->lane_lock);
 
     unsigned failed_count = 0;
@@ -281,11 +283,13 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
 
     ferry_ofi_lane_t *fresh = lane_open(ofi);
     pthread_rwlock_wrlock(&ofi->lane_lock);
+    ferry_ofi_lane_claim(ofi);
     if (fresh != NULL && !atomic_load(&ofi->stop) && ofi->lane == NULL) {
         ofi->lane = fresh;
         fresh = NULL;
     }
     int swapped = fresh == NULL && ofi->lane != NULL;
+    ferry_ofi_lane_unclaim(ofi);
     pthread_rwlock_unlock(&ofi->lane_lock);
     if (swapped) {
         /* the time without a lane does not count against anybody's
@@ -321,6 +325,7 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
 void ferry_ofi_lane_stop(ferry_ofi_t *ofi)
 {
     pthread_rwlock_wrlock(&ofi->lane_lock);
+    ferry_ofi_lane_claim(ofi);
     ferry_ofi_lane_t *lane = ofi->lane;
     ofi->lane = NULL;
     ferry_ofi_op_t *ok = NULL, *failed = NULL;
@@ -342,6 +347,7 @@ void ferry_ofi_lane_stop(ferry_ofi_t *ofi)
         }
         pthread_mutex_unlock(&ofi->lock);
     }
+    ferry_ofi_lane_unclaim(ofi);
     pthread_rwlock_unlock(&ofi->lane_lock);
     ferry_ofi_ops_finish(ofi, ok, FERRY_OK);
     ferry_ofi_ops_finish(ofi, failed, FERRY_ERR_CANCELED);

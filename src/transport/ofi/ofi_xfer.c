@@ -19,6 +19,7 @@
  */
 #include "ofi.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,7 +379,7 @@ static int error_is_the_ops_alone(int err)
     return err == FI_EACCES || err == FI_EKEYREJECTED || err == FI_EPERM;
 }
 
-/* An error entry read under lane_lock: the op (NULL when the entry names
+/* An error entry read under the CQ's claim: the op (NULL when the entry names
  * none), taken off its peer's list, and what the provider said. */
 typedef struct lane_error {
     ferry_ofi_op_t *op;
@@ -459,18 +460,31 @@ static void cq_release(atomic_int *reading)
     atomic_store_explicit(reading, 0, memory_order_release);
 }
 
+void ferry_ofi_lane_claim(ferry_ofi_t *ofi)
+{
+    while (!cq_claim(&ofi->lane_reading))
+        sched_yield(); /* a reader inside one fi_cq_read and the unlinks after it */
+}
+
+void ferry_ofi_lane_unclaim(ferry_ofi_t *ofi)
+{
+    cq_release(&ofi->lane_reading);
+}
+
 unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
 {
     struct fi_cq_entry entries[FERRY_OFI_CQ_BATCH];
     lane_error_t error; /* read_error fills it (its 256 B zeroed on each look cost 38
                            instructions of an empty one) */
-    pthread_rwlock_rdlock(&ofi->lane_lock);
-    if (ofi->lane == NULL || atomic_load_explicit(&ofi->lane_posting, memory_order_relaxed) ||
-        !cq_claim(&ofi->lane_reading)) {
-        pthread_rwlock_unlock(&ofi->lane_lock);
+    if (atomic_load_explicit(&ofi->lane_posting, memory_order_relaxed) ||
+        !cq_claim(&ofi->lane_reading))
+        return 0;
+    ferry_ofi_lane_t *lane = ofi->lane; /* stays while claimed (ofi.h, "Lane references") */
+    if (lane == NULL) {
+        cq_release(&ofi->lane_reading);
         return 0;
     }
-    ssize_t n = fi_cq_read(ofi->lane->cq, entries, FERRY_OFI_CQ_BATCH);
+    ssize_t n = fi_cq_read(lane->cq, entries, FERRY_OFI_CQ_BATCH);
     ferry_ofi_op_t *done = NULL, **tail = &done;
     if (n > 0) {
         uint64_t now = ferry_ofi_time_ms();
@@ -494,10 +508,9 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
             pthread_mutex_unlock(&locked->lock);
         *tail = NULL;
     } else if (n == -FI_EAVAIL) {
-        read_error(ofi->lane->cq, &error);
+        read_error(lane->cq, &error);
     }
     cq_release(&ofi->lane_reading);
-    pthread_rwlock_unlock(&ofi->lane_lock);
     if (n == -FI_EAVAIL) {
         finish_error(ofi, &error);
         return 1;
@@ -519,14 +532,19 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
 
 /* Whether the target served a peer's RMA in a look whose CQ read (begun
  * at read_us, read only without a counter) found no entry: the counter
- * moved, or without one the read took FERRY_OFI_SERVED_US. */
+ * moved, or without one the read took FERRY_OFI_SERVED_US.  Called by the
+ * CQ's reader (cq_claim): the counter's last value needs no locked
+ * exchange. */
 static unsigned target_served(ferry_ofi_t *ofi, uint64_t read_us)
 {
     if (ofi->target_cntr == NULL)
         return ferry_ofi_time_us() - read_us >= FERRY_OFI_SERVED_US;
     uint64_t served = fi_cntr_read(ofi->target_cntr);
-    uint64_t seen = atomic_exchange_explicit(&ofi->target_served, served, memory_order_relaxed);
-    return served != seen;
+    uint64_t seen = atomic_load_explicit(&ofi->target_served, memory_order_relaxed);
+    if (served == seen)
+        return 0;
+    atomic_store_explicit(&ofi->target_served, served, memory_order_relaxed);
+    return 1;
 }
 
 unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
@@ -541,9 +559,10 @@ unsigned ferry_ofi_target_progress(ferry_ofi_t *ofi)
     ssize_t n = fi_cq_read(cq, entries, 4);
     struct fi_cq_err_entry err = {0};
     int err_read = n == -FI_EAVAIL && fi_cq_readerr(cq, &err, 0) == 1;
+    unsigned served = n == -FI_EAGAIN ? target_served(ofi, read_us) : 0;
     cq_release(&ofi->target_reading);
     if (n == -FI_EAGAIN)
-        return target_served(ofi, read_us);
+        return served;
     if (n == -FI_EAVAIL) {
         if (err_read)
             ferry_debug("ofi: target endpoint: %s", fi_strerror(err.err));
