@@ -407,9 +407,8 @@ typedef struct pace {
     unsigned empty_spins;   /* empty looks in a spin window */
     /* The clock as the last look read it (look_clock), never before
      * last_event_us or last_own_event_us: every event sets it too
-     * (pace_event). */
+     * (pace_event), and so does the end of every sleep and nap. */
     uint64_t now_us;
-    int spinning;           /* the last empty look was inside a spin window */
     /* FERRY_OFI_FD_SPIN=auto (fd_spin_window) */
     unsigned auto_spin_us;  /* the window where spinning pays: 0 on fewer than 2 CPUs */
     long host_cpus;         /* online CPUs of the host */
@@ -533,7 +532,7 @@ static void pace_event(pace_t *pace, int own)
 
 static uint64_t look_clock(pace_t *pace)
 {
-    if (pace->spinning && pace->empty_spins % SPIN_LOOKS_PER_CLOCK != 0)
+    if (pace->empty_spins % SPIN_LOOKS_PER_CLOCK != 0)
         return pace->now_us;
     return pace->now_us = ferry_ofi_time_us();
 }
@@ -565,7 +564,6 @@ static void pace_init(const ferry_ofi_t *ofi, pace_t *pace)
 #define YIELD_EVERY_UNCROWDED 64
 static void spin_look(pace_t *pace, uint64_t now)
 {
-    pace->spinning = 1;
     look_at_load(pace, now);
     unsigned every = pace->crowded_looks != 0 ? FERRY_OFI_YIELD_EVERY : YIELD_EVERY_UNCROWDED;
     if (++pace->empty_spins % every == 0)
@@ -588,7 +586,6 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
         return;
     }
     uint64_t now = look_clock(pace);
-    pace->spinning = 0; /* spin_look sets it again */
     if (busy && !ofi->target_copies) {
         /* our CQ reads move the bytes: poll, yielding as in a spin window
          * (a yield on each empty look put a system call, and wherever
@@ -622,6 +619,7 @@ static void idle_look(ferry_ofi_t *ofi, pace_t *pace)
     unsigned most = busy ? 64 : FERRY_OFI_MIN(ofi->settings.nap_us, 1000000u);
     pace->nap_us = pace->nap_us ? FERRY_OFI_MIN(pace->nap_us * 2, most) : 1;
     wait_wake(ofi, pace->nap_us);
+    pace->now_us = ferry_ofi_time_us();
 }
 
 /* Polls while ops are posted or pending (manual progress: on tcp;ofi_rxm

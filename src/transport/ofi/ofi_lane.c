@@ -68,6 +68,22 @@ static ferry_ofi_lane_t *lane_open(ferry_ofi_t *ofi)
     return lane;
 }
 
+/* Everybody shut out of ofi->lane: the posters (lane_lock's write hold),
+ * then its CQ's reader (the claim, taken after the write lock and before
+ * any other lock: ofi.h, "Lane references").  The fence and stop swap or
+ * close the lane only between these two. */
+static void lane_shut(ferry_ofi_t *ofi)
+{
+    pthread_rwlock_wrlock(&ofi->lane_lock);
+    ferry_ofi_lane_claim(ofi);
+}
+
+static void lane_open_up(ferry_ofi_t *ofi)
+{
+    ferry_ofi_lane_unclaim(ofi);
+    pthread_rwlock_unlock(&ofi->lane_lock);
+}
+
 ferry_status_t ferry_ofi_lane_start(ferry_ofi_t *ofi)
 {
     ofi->lane = lane_open(ofi);
@@ -154,7 +170,7 @@ static void park(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane)
  * old CQ gave back after the close first (done: OK ones, chained on *ok),
  * then what is still on the peers' lists.  Unfinished ops of healthy peers
  * go back to pending (unless stopping); the rest is returned to be failed.
- * Caller holds lane_lock for writing, the CQ's claim and ofi->lock. */
+ * Caller has shut everybody out (lane_shut) and holds ofi->lock. */
 static ferry_ofi_op_t *sort_ops(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int drain,
                                 int stopping, ferry_ofi_op_t **ok, unsigned *requeued_p)
 {
@@ -214,8 +230,8 @@ static ferry_ofi_op_t *sort_ops(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int dr
     return failed;
 }
 
-/* Close (or park) the lane under the write lock and the CQ's claim and
- * sort its ops; the caller finishes them once no lock is held. */
+/* Close (or park) the lane, everybody shut out (lane_shut), and sort its
+ * ops; the caller finishes them once no lock is held. */
 static ferry_ofi_op_t *retire(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stopping,
                               ferry_ofi_op_t **ok, unsigned *requeued_p, int *parked_p)
 {
@@ -246,13 +262,12 @@ static ferry_ofi_op_t *retire(ferry_ofi_t *ofi, ferry_ofi_lane_t *lane, int stop
 
 void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
 {
-    pthread_rwlock_wrlock(&ofi->lane_lock);
+    lane_shut(ofi);
     ferry_ofi_lane_t *old = ofi->lane;
     if (old == NULL || old->id != lane_id) {
-        pthread_rwlock_unlock(&ofi->lane_lock); /* replaced, or being replaced, already */
+        lane_open_up(ofi); /* replaced, or being replaced, already */
         return;
     }
-    ferry_ofi_lane_claim(ofi);
     ferry_ofi_op_t *ok = NULL;
     unsigned requeued = 0;
     int parked = 0;
@@ -262,8 +277,7 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
      * now rather than after the opening. */
     ofi->lane = NULL;
     atomic_fetch_add(&ofi->lanes_closed, 1);
-    ferry_ofi_lane_unclaim(ofi);
-    pthread_rwlock_unlock(&ofi->lane_lock);
+    lane_open_up(ofi);
 
     unsigned failed_count = 0;
     for (ferry_ofi_op_t *op = failed; op != NULL; op = op->next)
@@ -282,15 +296,13 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
     }
 
     ferry_ofi_lane_t *fresh = lane_open(ofi);
-    pthread_rwlock_wrlock(&ofi->lane_lock);
-    ferry_ofi_lane_claim(ofi);
+    lane_shut(ofi);
     if (fresh != NULL && !atomic_load(&ofi->stop) && ofi->lane == NULL) {
         ofi->lane = fresh;
         fresh = NULL;
     }
     int swapped = fresh == NULL && ofi->lane != NULL;
-    ferry_ofi_lane_unclaim(ofi);
-    pthread_rwlock_unlock(&ofi->lane_lock);
+    lane_open_up(ofi);
     if (swapped) {
         /* the time without a lane does not count against anybody's
          * deadline (a fresh rxm lane took 2.5 s under ThreadSanitizer) */
@@ -324,8 +336,7 @@ void ferry_ofi_lane_fence(ferry_ofi_t *ofi, uint64_t lane_id, const char *why)
 
 void ferry_ofi_lane_stop(ferry_ofi_t *ofi)
 {
-    pthread_rwlock_wrlock(&ofi->lane_lock);
-    ferry_ofi_lane_claim(ofi);
+    lane_shut(ofi);
     ferry_ofi_lane_t *lane = ofi->lane;
     ofi->lane = NULL;
     ferry_ofi_op_t *ok = NULL, *failed = NULL;
@@ -347,8 +358,7 @@ void ferry_ofi_lane_stop(ferry_ofi_t *ofi)
         }
         pthread_mutex_unlock(&ofi->lock);
     }
-    ferry_ofi_lane_unclaim(ofi);
-    pthread_rwlock_unlock(&ofi->lane_lock);
+    lane_open_up(ofi);
     ferry_ofi_ops_finish(ofi, ok, FERRY_OK);
     ferry_ofi_ops_finish(ofi, failed, FERRY_ERR_CANCELED);
 }
