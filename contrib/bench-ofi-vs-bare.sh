@@ -31,6 +31,8 @@
 #   from ferry_info -c; else 64), OFI2_ENV, OFI3_ENV, BARE_IDLE, BARE_OPTIONS (more
 #   bench-ofi-rma options, e.g. "--threading=safe", to see what one change
 #   costs the bare loop).
+# The tcp cells depend on the host's TCP congestion control, which the
+# header prints (net.ipv4.tcp_congestion_control; compare under the same).
 set -eu
 . "$(dirname "$0")/bench-lib.sh"
 [ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [RUNS]" >&2; exit 2; }
@@ -186,6 +188,19 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); window $window; $se
     "measurement; $runs runs; ofi2: ${ofi2_env:-none}; ofi3: ${ofi3_env:-none};" \
     "bare: best of --idle=$bare_idle" \
     "${bare_options:+($bare_options)}"
+# Loopback TCP under bbr is bound by its congestion window, not the CPU: the
+# bare loop's 64 KiB write over tcp;ofi_rxm then lands at 1.4-5.5 GB/s run
+# by run, all of them 5+ under cubic (doc/performance.md, "ofi, ninth round").
+congestion=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)
+case $providers in
+*tcp*)
+    echo "TCP congestion control: $congestion"
+    if [ "$congestion" = bbr ]; then
+        echo "note: bbr on loopback caps the tcp cells by its window, and the bare loop's" \
+            "own numbers spread 3x run by run; cubic (Debian's default) does not"
+    fi
+    ;;
+esac
 for provider in $providers; do
     p=$(echo "$provider" | tr -c 'a-z0-9\n' '_')
     for i in $(seq "$runs"); do
