@@ -44,8 +44,9 @@
  * here.
  *
  * Object wrappers: fabric -> domain -> endpoint and MR are ours (their
- * calls are checked or forwarded with the real object); AV, CQ, counter
- * are the real provider's (nothing to enforce there).  Lifetimes: each
+ * calls are checked or forwarded with the real object), and so are CQs
+ * without a wait object (ofi_mr_shim_cq.c: one reader at a time); AV,
+ * counter and CQs with a wait fd are the real provider's.  Lifetimes: each
  * wrapper owns its real object and closes it in its close; a domain
  * outlives its endpoints and MRs (the caller's order, as libfabric's).
  */
@@ -496,7 +497,7 @@ static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, st
 static int domain_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **cq,
                           void *context)
 {
-    return fi_cq_open(((shim_domain_t *)domain)->real, attr, cq, context);
+    return shim_cq_open(((shim_domain_t *)domain)->real, attr, cq, context);
 }
 
 static int domain_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
@@ -842,6 +843,7 @@ SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
                   {"raw", &count_raw_mapped},       {"offset", &count_offsets},
                   {"prov_key", &count_prov_keys},   {"rma", &count_rma},
                   {"raw_too_small", &count_raw_too_small}, {"allocated", &count_allocated},
+                  {"guarded_cq_reads", &count_guarded_cq_reads},
                   {"violations", &count_violations}};
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
         if (strcmp(counts[i].name, what) == 0)

@@ -31,7 +31,7 @@ static int ep_close(struct fid *fid)
 static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 {
     shim_ep_t *ep = (shim_ep_t *)fid;
-    return ep->real->fid.ops->bind(&ep->real->fid, bfid, flags);
+    return ep->real->fid.ops->bind(&ep->real->fid, shim_cq_real_fid(bfid), flags);
 }
 
 static int ep_control(struct fid *fid, int command, void *arg)

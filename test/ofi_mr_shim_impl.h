@@ -8,6 +8,15 @@
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+/* ---- ofi_mr_shim_cq.c ---- */
+/* The domain's cq_open: a CQ without a wait object comes back guarded (one
+ * reader at a time, no close under a reader), any other as the provider's. */
+int shim_cq_open(struct fid_domain *real_domain, struct fi_cq_attr *attr, struct fid_cq **cq_p,
+                 void *context);
+/* The provider's fid behind a guarded CQ (what the provider's binds need),
+ * or fid itself. */
+struct fid *shim_cq_real_fid(struct fid *fid);
+
 #endif
 #include <pthread.h>
 #include <rdma/fabric.h>
@@ -32,6 +41,8 @@
 /* What the shim saw (ofi_mr_shim.c, ferry_ofi_mr_shim_count). */
 extern atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets,
     count_prov_keys, count_violations, count_rma, count_raw_too_small, count_allocated;
+/* Reads of lane CQs the guard saw (ofi_mr_shim_cq.c). */
+extern atomic_ulong count_guarded_cq_reads;
 
 typedef struct shim_domain shim_domain_t;
 
@@ -88,5 +99,14 @@ int shim_endpoint_open(struct fid_domain *domain, struct fi_info *info, struct f
                        void *context);
 /* Our endpoints' fid ops: mr_bind tells an endpoint of ours by them. */
 extern struct fi_ops shim_ep_fid_ops;
+
+/* ---- ofi_mr_shim_cq.c ---- */
+/* The domain's cq_open: a CQ without a wait object comes back guarded (one
+ * reader at a time, no close under a reader), any other as the provider's. */
+int shim_cq_open(struct fid_domain *real_domain, struct fi_cq_attr *attr, struct fid_cq **cq_p,
+                 void *context);
+/* The provider's fid behind a guarded CQ (what the provider's binds need),
+ * or fid itself. */
+struct fid *shim_cq_real_fid(struct fid *fid);
 
 #endif

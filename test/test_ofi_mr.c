@@ -537,9 +537,16 @@ static void *write_to_the_bystander(void *arg)
     return NULL;
 }
 
-static void lane_replaced_under(const char *modes)
+/* cq_read_us: FERRY_TEST_OFI_CQ_READ_US for this engine's first lane
+ * (ofi_mr_shim_cq.c), not for the peers' target CQs, nor for the fresh lane;
+ * NULL: none. */
+static void lane_replaced_under(const char *provider, const char *modes, const char *saw,
+                                const char *cq_read_us)
 {
-    start_with_timeout(TCP, modes, "2000"); /* the frozen victim fails in 2 s */
+    if (cq_read_us != NULL)
+        setenv("FERRY_TEST_OFI_CQ_READ_US", cq_read_us, 1);
+    start_with_timeout(provider, modes, "2000"); /* the frozen victim fails in 2 s */
+    unsetenv("FERRY_TEST_OFI_CQ_READ_US");
     peer_process_t victim, bystander;
     ferry_segment_h victim_seg, bystander_seg;
     cr_assert_eq(peer_start(&victim, NULL), 0);
@@ -596,17 +603,31 @@ static void lane_replaced_under(const char *modes)
     ferry_segment_close(engine, bystander_seg);
     peer_stop(&bystander);
     cr_assert_eq(ferry_unregister(engine, local), FERRY_OK);
-    shim_saw("local,bound");
+    shim_saw(saw);
 }
 
 Test(ofi_mr, lane_replaced_while_a_bystander_writes_local_endpoint)
 {
-    lane_replaced_under("local,endpoint");
+    lane_replaced_under(TCP, "local,endpoint", "local,bound", NULL);
 }
 
 Test(ofi_mr, lane_replaced_while_a_bystander_writes_all_modes)
 {
-    lane_replaced_under(ALL_MODES);
+    lane_replaced_under(TCP, ALL_MODES, "local,bound", NULL);
+}
+
+/* shm closes the fenced lane (rxm parks it) and drains its CQ first.  The
+ * two waiting threads spin in ferry_batch_wait for 3 s instead of 50 us
+ * before they sleep, reading the lane's CQ, and each of those reads is
+ * held open for 200 us: one of them is inside the CQ when the progress
+ * thread's sweep fences, and the shim's guard fails the test if the fence
+ * drains or closes the CQ under it instead of taking the lane's CQ claim
+ * first (ofi.h, "Lane references"). */
+Test(ofi_mr, lane_closed_while_readers_wait_in_its_cq_over_shm)
+{
+    setenv("FERRY_WAIT_SPIN", "3000000", 1);
+    lane_replaced_under(SHM, "local", "local,guarded_cq_reads", "200");
+    unsetenv("FERRY_WAIT_SPIN");
 }
 
 /* The target dies and starts again at the same place: its new

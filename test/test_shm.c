@@ -3,6 +3,7 @@
  * test_transfer_shm (test_transfer.c built for shm). */
 #include <criterion/criterion.h>
 #include <ferry/ferry.h>
+#include <ferry/plugin.h>
 
 #include <linux/capability.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -442,4 +444,29 @@ Test(shm, a_recycled_pid_is_not_written)
                      "the process that got the pid was written");
     ferry_segment_close(engine, segment);
     peer_stop(&stranger);
+}
+
+/* The look the ofi sweep takes before it blames a silent peer: a process
+ * stopped by SIGSTOP is seen stopped, the same process resumed is not, and
+ * a process gone is not stopped either. */
+Test(shm, stopped_process_is_seen_stopped)
+{
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        for (;;)
+            pause();
+    }
+    int status;
+    cr_assert_eq(ferry_process_stopped(child), 0, "a running child seen stopped");
+    kill(child, SIGSTOP);
+    cr_assert_eq(waitpid(child, &status, WUNTRACED), child);
+    cr_assert(WIFSTOPPED(status));
+    cr_assert_eq(ferry_process_stopped(child), 1, "a child stopped by SIGSTOP not seen stopped");
+    kill(child, SIGCONT);
+    cr_assert_eq(waitpid(child, &status, WCONTINUED), child);
+    cr_assert_eq(ferry_process_stopped(child), 0, "a resumed child still seen stopped");
+    kill(child, SIGKILL);
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert_eq(ferry_process_stopped(child), 0, "a reaped child seen stopped");
 }

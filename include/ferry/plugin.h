@@ -89,6 +89,9 @@ FERRY_API const char *ferry_process_identity_parse(const char *text, long *pid_p
 FERRY_API unsigned long long ferry_process_start_time(long pid);
 /* Whether pid still names the process that started at start_time. */
 FERRY_API int ferry_process_alive(long pid, unsigned long long start_time);
+/* Whether the process is stopped (SIGSTOP, a tracer's stop): it runs no
+ * code, so a lock it holds in shared memory stays held until it resumes. */
+FERRY_API int ferry_process_stopped(long pid);
 
 /* ---- copies ---- */
 

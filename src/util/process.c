@@ -26,24 +26,40 @@ int ferry_boot_id(char *out, size_t len)
     return 1;
 }
 
-unsigned long long ferry_process_start_time(long pid)
+/* /proc/<pid>/stat into text; returns what follows the command's closing
+ * parenthesis (" S 1 ...": field 3, the state, at [1]), or NULL. */
+static const char *process_stat(long pid, char *text, size_t size)
 {
-    char path[64], text[1024];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
     FILE *file = fopen(path, "r");
     if (file == NULL)
-        return 0;
-    size_t n = fread(text, 1, sizeof(text) - 1, file);
+        return NULL;
+    size_t n = fread(text, 1, size - 1, file);
     fclose(file);
     text[n] = '\0';
-    /* Field 3 (state) and 22 (starttime), counted after the command's
-     * closing parenthesis.  A zombie is as gone as a reaped process. */
     const char *p = strrchr(text, ')');
-    if (p == NULL || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
+    return p != NULL && p[1] == ' ' && p[2] != '\0' ? p : NULL;
+}
+
+unsigned long long ferry_process_start_time(long pid)
+{
+    char text[1024];
+    const char *p = process_stat(pid, text, sizeof(text));
+    /* Field 22 (starttime), counted after the state.  A zombie is as gone
+     * as a reaped process. */
+    if (p == NULL || p[2] == 'Z' || p[2] == 'X')
         return 0;
     for (int field = 2; p != NULL && field < 22; field++)
         p = strchr(p + 1, ' ');
     return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+int ferry_process_stopped(long pid)
+{
+    char text[1024];
+    const char *p = process_stat(pid, text, sizeof(text));
+    return p != NULL && (p[2] == 'T' || p[2] == 't');
 }
 
 static unsigned long long pid_namespace(void)

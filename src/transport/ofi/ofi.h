@@ -73,8 +73,9 @@
  *                                   the lane.
  *   ferry_ofi_t.lane_reading (claim) ofi->lane for its CQ's one reader;
  *                                   the fence and stop take it under the
- *                                   write lock.  Its holder takes
- *                                   peer->lock, nothing else.
+ *                                   write lock, raising lane_wanted first
+ *                                   so that readers stop claiming it.  Its
+ *                                   holder takes peer->lock, nothing else.
  *   ferry_ofi_t.lock (mutex)        peers (list, in_table, next), parked.
  *   ferry_ofi_t.op_cache_lock       op_cache, op_cache_count; nothing is
  *                                   taken under it (a leaf; a mutex: as a
@@ -272,6 +273,9 @@ struct ferry_ofi {
      * reader goes on instead of waiting for the provider's lock. */
     atomic_int target_reading;
     atomic_int lane_reading;
+    /* 1 while the fence or stop waits for lane_reading: readers do not
+     * claim it meanwhile (ferry_ofi_lane_claim) */
+    atomic_int lane_wanted;
     atomic_int lane_posting; /* runs of posts under way (pump_locked) */
     atomic_uint_fast64_t next_key; /* chosen MR keys (no FI_MR_PROV_KEY) */
     atomic_uint next_name;   /* endpoints named so far (ferry_ofi_name_endpoint) */

@@ -357,11 +357,17 @@ ferry_ofi_peer_t **ferry_ofi_peers_busy(ferry_ofi_t *ofi, size_t *count_p)
 }
 
 /* The sweep fails the peers found gone and those whose ops were never
- * accepted; of the peers silent with ops posted it fences for one only,
- * the one silent longest: on shm one stuck peer holds back the write
- * completions of every peer of the lane (one in-order response queue), so
- * the others look silent too until the fence posts their ops again with
- * a fresh deadline.  A second silent peer is caught a timeout later. */
+ * accepted; of the peers silent with ops posted it fences for one only: a
+ * same-host one whose process is stopped if there is one, else the one
+ * silent longest.  On shm one stuck peer holds back the write completions
+ * of every peer of the lane (one in-order response queue), so the others
+ * look silent too, sometimes for longer than the stuck one (the last of
+ * their completions can come before its last), until the fence posts
+ * their ops again with a fresh deadline.  Blaming such a bystander posted
+ * the stopped peer's ops again, and shm posts under a spin lock in the
+ * peer's region that a peer stopped at the wrong moment holds: the
+ * progress thread spun there until the peer resumed.  A second silent peer
+ * is caught a timeout later. */
 void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
 {
     if (atomic_load_explicit(&ofi->busy_peers, memory_order_acquire) == 0)
@@ -377,6 +383,7 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
     unsigned timeout = ofi->settings.timeout_ms;
     ferry_ofi_peer_t *silent = NULL;
     uint64_t silent_since = UINT64_MAX;
+    int silent_stopped = 0;
     char what[96];
     for (size_t i = 0; i < count; i++) {
         ferry_ofi_peer_t *p = busy[i];
@@ -394,11 +401,16 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
         } else if (late && !accepted && ok) {
             snprintf(what, sizeof(what), "posts refused for %u ms", timeout);
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
-        } else if (late && accepted && since < silent_since) {
+        } else if (late && accepted) {
             /* ok: silent; failed by a CQ error entry: some of its posted
-             * ops never came back.  Either way only a fence ends them. */
-            silent = p;
-            silent_since = since;
+             * ops never came back.  Either way only a fence ends them.
+             * /proc is read only here: for a peer late past the timeout. */
+            int stopped = p->pid != 0 && ferry_process_stopped(p->pid);
+            if (stopped > silent_stopped || (stopped == silent_stopped && since < silent_since)) {
+                silent = p;
+                silent_since = since;
+                silent_stopped = stopped;
+            }
         }
     }
     if (silent != NULL) {

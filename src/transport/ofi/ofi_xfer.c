@@ -460,8 +460,15 @@ static void cq_release(atomic_int *reading)
     atomic_store_explicit(reading, 0, memory_order_release);
 }
 
+/* Readers take the claim again a few instructions after they drop it:
+ * callers spinning in ferry_batch_wait kept a yielding fence out of the
+ * lane for the whole of a 20 s wait in test_ofi_mr's
+ * lane_closed_while_readers_wait_in_its_cq_over_shm.  So the fence (the
+ * one claimer under the write lock) raises lane_wanted first, readers
+ * claim nothing while it is up, and it waits for the one inside at most. */
 void ferry_ofi_lane_claim(ferry_ofi_t *ofi)
 {
+    atomic_store_explicit(&ofi->lane_wanted, 1, memory_order_seq_cst);
     while (!cq_claim(&ofi->lane_reading))
         sched_yield(); /* a reader inside one fi_cq_read and the unlinks after it */
 }
@@ -469,6 +476,7 @@ void ferry_ofi_lane_claim(ferry_ofi_t *ofi)
 void ferry_ofi_lane_unclaim(ferry_ofi_t *ofi)
 {
     cq_release(&ofi->lane_reading);
+    atomic_store_explicit(&ofi->lane_wanted, 0, memory_order_release);
 }
 
 unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
@@ -477,6 +485,7 @@ unsigned ferry_ofi_lane_progress(ferry_ofi_t *ofi)
     lane_error_t error; /* read_error fills it (its 256 B zeroed on each look cost 38
                            instructions of an empty one) */
     if (atomic_load_explicit(&ofi->lane_posting, memory_order_relaxed) ||
+        atomic_load_explicit(&ofi->lane_wanted, memory_order_relaxed) ||
         !cq_claim(&ofi->lane_reading))
         return 0;
     ferry_ofi_lane_t *lane = ofi->lane; /* stays while claimed (ofi.h, "Lane references") */
