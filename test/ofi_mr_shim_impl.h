@@ -8,15 +8,6 @@
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
-/* ---- ofi_mr_shim_cq.c ---- */
-/* The domain's cq_open: a CQ without a wait object comes back guarded (one
- * reader at a time, no close under a reader), any other as the provider's. */
-int shim_cq_open(struct fid_domain *real_domain, struct fi_cq_attr *attr, struct fid_cq **cq_p,
-                 void *context);
-/* The provider's fid behind a guarded CQ (what the provider's binds need),
- * or fid itself. */
-struct fid *shim_cq_real_fid(struct fid *fid);
-
 #endif
 #include <pthread.h>
 #include <rdma/fabric.h>
