@@ -832,8 +832,10 @@ static int domain_open(struct fid_fabric *fabric, struct fi_info *info,
  * (MRs bound to an endpoint), "raw" (raw keys mapped), "offset" (offsets
  * turned into addresses), "prov_key" (keys picked), "rma" (operations),
  * "raw_too_small" (fi_mr_raw_attr answered -FI_ETOOSMALL), "allocated"
- * (registrations found backed by pages under FI_MR_ALLOCATED), "violations".  Found by tests with dlsym, which also tells them the shim
- * is loaded. */
+ * (registrations found backed by pages under FI_MR_ALLOCATED),
+ * "guarded_cq_reads" (reads of CQs without a wait object), "silenced"
+ * (write completions swallowed: ofi_mr_shim_cq.c), "violations".  Found by
+ * tests with dlsym, which also tells them the shim is loaded. */
 SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
 {
     static const struct {
@@ -844,6 +846,7 @@ SHIM_EXPORT unsigned long ferry_ofi_mr_shim_count(const char *what)
                   {"prov_key", &count_prov_keys},   {"rma", &count_rma},
                   {"raw_too_small", &count_raw_too_small}, {"allocated", &count_allocated},
                   {"guarded_cq_reads", &count_guarded_cq_reads},
+                  {"silenced", &count_silenced},
                   {"violations", &count_violations}};
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
         if (strcmp(counts[i].name, what) == 0)

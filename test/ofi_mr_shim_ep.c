@@ -31,6 +31,8 @@ static int ep_close(struct fid *fid)
 static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 {
     shim_ep_t *ep = (shim_ep_t *)fid;
+    if (bfid != NULL && bfid->fclass == FI_CLASS_CQ && (flags & FI_TRANSMIT))
+        ep->cq = bfid;
     return ep->real->fid.ops->bind(&ep->real->fid, shim_cq_real_fid(bfid), flags);
 }
 
@@ -278,7 +280,17 @@ static ssize_t rma_msg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_
         return ret;
     real.desc = descs;
     real.rma_iov = rma;
-    return write ? fi_writemsg(ep->real, &real, flags) : fi_readmsg(ep->real, &real, flags);
+    if (!write)
+        return fi_readmsg(ep->real, &real, flags);
+    size_t length = 0;
+    for (size_t i = 0; i < msg->iov_count; i++)
+        length += msg->msg_iov[i].iov_len;
+    /* noted before the post: its completion can be read before it returns */
+    int silenced = shim_cq_silence(ep->cq, msg->context, length);
+    ssize_t posted = fi_writemsg(ep->real, &real, flags);
+    if (posted != 0 && silenced)
+        shim_cq_unsilence(ep->cq, msg->context);
+    return posted;
 }
 
 static ssize_t ep_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)

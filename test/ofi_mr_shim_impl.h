@@ -33,7 +33,7 @@
 extern atomic_ulong count_local_checked, count_bound, count_raw_mapped, count_offsets,
     count_prov_keys, count_violations, count_rma, count_raw_too_small, count_allocated;
 /* Reads of lane CQs the guard saw (ofi_mr_shim_cq.c). */
-extern atomic_ulong count_guarded_cq_reads;
+extern atomic_ulong count_guarded_cq_reads, count_silenced;
 
 typedef struct shim_domain shim_domain_t;
 
@@ -42,6 +42,7 @@ typedef struct shim_ep {
     struct fid_ep *real;
     shim_domain_t *domain;
     uint64_t serial; /* MRs bound to it name it by serial, not by address */
+    struct fid *cq;  /* bound for transmits (a guarded CQ silences writes) */
 } shim_ep_t;
 
 typedef struct shim_mr {
@@ -99,5 +100,11 @@ int shim_cq_open(struct fid_domain *real_domain, struct fi_cq_attr *attr, struct
 /* The provider's fid behind a guarded CQ (what the provider's binds need),
  * or fid itself. */
 struct fid *shim_cq_real_fid(struct fid *fid);
+/* Before a write of length bytes is posted on an endpoint bound to cq:
+ * whether cq is to swallow its completion (FERRY_TEST_OFI_SILENCE_LENGTH),
+ * noted then under context; shim_cq_unsilence forgets it (the post was
+ * refused). */
+int shim_cq_silence(struct fid *cq, void *context, size_t length);
+void shim_cq_unsilence(struct fid *cq, void *context);
 
 #endif

@@ -99,6 +99,15 @@ void peer_kill(peer_process_t *peer, int sig)
     }
 }
 
+int peer_kill_unreaped(peer_process_t *peer)
+{
+    if (peer->pid <= 0)
+        return -1;
+    kill(peer->pid, SIGKILL);
+    siginfo_t info;
+    return waitid(P_PID, (id_t)peer->pid, &info, WEXITED | WNOWAIT);
+}
+
 void peer_stop(peer_process_t *peer)
 {
     if (peer->pid <= 0)

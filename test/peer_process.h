@@ -24,6 +24,12 @@ const char *peer_cmd(peer_process_t *peer, const char *fmt, ...)
 /* The next reply line of a command that answers more than one (bounded). */
 const char *peer_reply(peer_process_t *peer);
 void peer_kill(peer_process_t *peer, int sig);
+/* SIGKILL, then wait until the peer has exited, leaving it unreaped (a
+ * zombie: its pid names it still, its memory is gone, its pidfd reads
+ * ready); peer_kill reaps it.  A sleep after kill was not enough: a
+ * sanitizer's process took longer than 50 ms to exit on a loaded host, and
+ * a read posted meanwhile copied from its memory.  0, or -1 (errno). */
+int peer_kill_unreaped(peer_process_t *peer);
 void peer_stop(peer_process_t *peer);
 /* The RPC port inside a p2p name "host:port". */
 int peer_port(const peer_process_t *peer);

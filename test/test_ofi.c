@@ -394,8 +394,7 @@ static void killed_peer_over_shm(void)
     peer_process_t victim, bystander;
     ferry_segment_h victim_seg, bystander_seg;
     open_victim_and_bystander(&victim, &victim_seg, 4 * MIB, &bystander, &bystander_seg);
-    kill(victim.pid, sig);
-    usleep(50 * 1000);
+    cr_assert_eq(peer_kill_unreaped(&victim), 0);
     enum { N = 16 };
     ferry_request_t reqs[N];
     for (int i = 0; i < N; i++)
@@ -787,10 +786,8 @@ static void victim_among_healthy(const char *provider, int sig)
      * under ThreadSanitizer; README.md, "Faults").  So a shm victim dies
      * before its requests, as in killed_peer_over_shm; its pidfd says so. */
     int kill_first = sig == SIGKILL && strcmp(provider, SHM) == 0;
-    if (kill_first) {
-        kill(victim.pid, SIGKILL);
-        usleep(50 * 1000);
-    }
+    if (kill_first)
+        cr_assert_eq(peer_kill_unreaped(&victim), 0);
     if (sig == SIGSTOP) {
         stopped_peer = victim.pid;
         kill(victim.pid, SIGSTOP); /* before: every write is surely caught */
