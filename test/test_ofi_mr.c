@@ -608,8 +608,9 @@ static void stop_the_victim(victim_and_bystander_t *v)
 static void lane_replaced_under(const char *provider, const char *modes, const char *saw,
                                 victim_fault_t fault, const char *cq_read_us)
 {
-    start_silencing(provider, modes, fault == VICTIM_SILENCED ? SILENCED_WRITE : 0, cq_read_us);
-    size_t victim_write = fault == VICTIM_SILENCED ? SILENCED_WRITE : 16 * MIB;
+    size_t silenced = fault == VICTIM_SILENCED ? SILENCED_WRITE : 0;
+    start_silencing(provider, modes, silenced, cq_read_us);
+    size_t victim_write = silenced != 0 ? silenced : 16 * MIB;
     victim_and_bystander_t v;
     open_victim_and_bystander(&v, 8 * MIB);
 

@@ -26,8 +26,8 @@ int ferry_boot_id(char *out, size_t len)
     return 1;
 }
 
-/* /proc/<pid>/stat into text; returns what follows the command's closing
- * parenthesis (" S 1 ...": field 3, the state, at [1]), or NULL. */
+/* /proc/<pid>/stat into text; returns its command's closing parenthesis
+ * (") S 1 ...": field 3, the state, at [2]), or NULL. */
 static const char *process_stat(long pid, char *text, size_t size)
 {
     char path[64];

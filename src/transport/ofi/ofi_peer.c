@@ -417,13 +417,11 @@ void ferry_ofi_peers_sweep(ferry_ofi_t *ofi)
         } else if (late && !accepted && ok) {
             snprintf(what, sizeof(what), "posts refused for %u ms", timeout);
             ferry_ofi_peer_fail(p, FERRY_ERR_PEER_FAILED, what, 0);
-        } else if (late && accepted) {
+        } else if (late && accepted && since < silent_since) {
             /* ok: silent; failed by a CQ error entry: some of its posted
              * ops never came back.  Either way only a fence ends them. */
-            if (since < silent_since) {
-                silent = p;
-                silent_since = since;
-            }
+            silent = p;
+            silent_since = since;
         }
     }
     if (silent != NULL) {
