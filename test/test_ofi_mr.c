@@ -18,6 +18,8 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
 #include <ferry/ferry.h>
 #include <glob.h>
 #include <pthread.h>
@@ -27,6 +29,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_cm.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,6 +37,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/personality.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ofi_mr_shim.h"
@@ -728,6 +732,111 @@ Test(ofi_mr, lane_closed_while_readers_wait_in_its_cq_over_shm)
     setenv("FERRY_WAIT_SPIN", "3000000", 1);
     lane_replaced_under(SHM, "local", "local,guarded_cq_reads,silenced", VICTIM_SILENCED,
                         "200");
+    unsetenv("FERRY_WAIT_SPIN");
+}
+
+/* mask for every thread of this process now (those it creates later
+ * inherit their creator's). */
+static void set_every_thread(const cpu_set_t *mask)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    cr_assert_not_null(tasks);
+    for (struct dirent *task; (task = readdir(tasks)) != NULL;) {
+        pid_t tid = (pid_t)atoi(task->d_name);
+        if (tid > 0) /* ESRCH: a thread that just ended */
+            cr_assert(sched_setaffinity(tid, sizeof(*mask), mask) == 0 || errno == ESRCH);
+    }
+    closedir(tasks);
+}
+
+/* Every thread of this process on the first CPU it may use; was: the mask
+ * to put back. */
+static void crowd_onto_one_cpu(cpu_set_t *was)
+{
+    cr_assert_eq(sched_getaffinity(0, sizeof(*was), was), 0);
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, was))
+        cpu++;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    set_every_thread(&one);
+}
+
+struct victim_waiter {
+    ferry_batch_h batch;
+    ferry_status_t status;
+    double waited_s;
+};
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void *wait_for_the_victim(void *arg)
+{
+    struct victim_waiter *w = arg;
+    double start = seconds_now();
+    w->status = ferry_batch_wait(w->batch, 20000);
+    w->waited_s = seconds_now() - start;
+    return NULL;
+}
+
+/* Readers that take the lane's CQ claim again a few instructions after
+ * they drop it keep a fence that only yields out of the lane for as long
+ * as they wait (ofi_xfer.c, lane_wanted).  Two threads wait in
+ * ferry_batch_wait, spinning (30 s, past the wait's bound), on writes to
+ * a silenced victim, each of their CQ reads held open 200 us; nothing
+ * completes, so no reader has anything to do between two claims.  With
+ * the engine's threads on one CPU, a reader sleeps in its read holding
+ * the claim while the others run, wakes, drops the claim and takes it
+ * again without the CPU changing hands: the fence never finds it free by
+ * chance (with two CPUs it did, 3 runs in 4), and the victim's writes
+ * FAIL within the 2 s bound and the sweep after it only if the raised
+ * lane_wanted keeps the readers out.  Without it they failed when the
+ * readers' spin ended, with the wait's 20 s bound (the spin stops there):
+ * 10 s is 4 times the bound. */
+Test(ofi_mr, fence_gets_the_cq_claim_from_readers_that_spin_over_shm)
+{
+    setenv("FERRY_WAIT_SPIN", "30000000", 1);
+    start_silencing(SHM, "local", SILENCED_WRITE, "200");
+    victim_and_bystander_t v;
+    open_victim_and_bystander(&v, MIB);
+    cpu_set_t was;
+    crowd_onto_one_cpu(&was);
+
+    enum { WAITERS = 2, N = 4 };
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){.opcode = FERRY_OP_WRITE,
+                                    .local = local + i * SILENCED_WRITE,
+                                    .target = v.victim_seg,
+                                    .target_offset = v.victim.arena + i * SILENCED_WRITE,
+                                    .length = SILENCED_WRITE};
+    struct victim_waiter waiters[WAITERS];
+    pthread_t threads[WAITERS];
+    for (int w = 0; w < WAITERS; w++) {
+        cr_assert_eq(ferry_batch_create(engine, N, &waiters[w].batch), FERRY_OK);
+        cr_assert_eq(ferry_batch_submit(waiters[w].batch, reqs, N), FERRY_OK);
+        cr_assert_eq(pthread_create(&threads[w], NULL, wait_for_the_victim, &waiters[w]), 0);
+    }
+    for (int w = 0; w < WAITERS; w++)
+        pthread_join(threads[w], NULL);
+    set_every_thread(&was);
+    for (int w = 0; w < WAITERS; w++) {
+        cr_assert_neq(waiters[w].status, FERRY_ERR_TIMEOUT, "waiter %d: requests must FAIL", w);
+        cr_assert_lt(waiters[w].waited_s, 10.0,
+                     "waiter %d: %.1f s: the fence waited for the CQ's readers to stop", w,
+                     waiters[w].waited_s);
+        cr_assert_eq(put_get_count_peer_failed(waiters[w].batch, N), N);
+        cr_assert_eq(ferry_batch_destroy(waiters[w].batch), FERRY_OK);
+    }
+
+    close_victim_and_bystander(&v);
+    shim_saw("local,guarded_cq_reads,silenced");
     unsetenv("FERRY_WAIT_SPIN");
 }
 
