@@ -39,6 +39,10 @@
  *    is opened FI_THREAD_DOMAIN (--threading=safe asks FI_THREAD_SAFE, which
  *    a transport with a progress thread beside the caller's needs: the
  *    difference is the provider's locking).
+ *  - Both CQs have no wait object; --target-wait=fd gives the target's one
+ *    an fd (FI_WAIT_FD), as the ofi transport's target CQ has so that its
+ *    idle thread can sleep: on tcp;ofi_rxm the provider's reads of such a
+ *    CQ cost more.
  * Before each size is timed, one block is written, read back elsewhere and
  * compared: the bytes are checked once per size, never inside the timing.
  *
@@ -102,6 +106,7 @@ typedef struct options {
     int transmit_complete;
     int thread_safe;
     int yield;               /* --idle=yield: sched_yield when a CQ read finds nothing */
+    int target_wait_fd;      /* --target-wait=fd: the target's CQ with FI_WAIT_FD */
 } options_t;
 
 /* One side's libfabric objects.  Opened in the order of the fields and
@@ -263,7 +268,9 @@ static int side_open(side_t *s, const options_t *o, size_t length, uint64_t acce
         return fail("fi_fabric", rc);
     if ((rc = fi_domain(s->fabric, s->info, &s->domain, NULL)) != 0)
         return fail("fi_domain", rc);
-    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE};
+    int wait_fd = (access & FI_REMOTE_WRITE) != 0 && o->target_wait_fd; /* the target */
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
+                                 .wait_obj = wait_fd ? FI_WAIT_FD : FI_WAIT_NONE};
     if ((rc = fi_cq_open(s->domain, &cq_attr, &s->cq, NULL)) != 0)
         return fail("fi_cq_open", rc);
     struct fi_av_attr av_attr = {.type = FI_AV_UNSPEC};
@@ -548,11 +555,13 @@ static int run_bandwidth(initiator_t *in, size_t block)
            bytes / seconds / 1e9);
     printf("RESULT operation=%s provider=%s block_size=%zu batch_size=%zu window=%u "
            "buffer_size=%zu seconds=%.3f bytes=%" PRIu64 " batches=%" PRIu64 " gbps=%.4f "
-           "requests_per_s=%.0f completion=%s threading=%s idle=%s verified=once status=ok\n",
+           "requests_per_s=%.0f completion=%s threading=%s idle=%s target_wait=%s verified=once "
+           "status=ok\n",
            op_name(o), in->side.info->fabric_attr->prov_name, block, o->batch, in->window,
            buffer, seconds, bytes, batches, bytes / seconds / 1e9,
            (double)batches * o->batch / seconds, completion_name(in, o->write),
-           o->thread_safe ? "safe" : "domain", o->yield ? "yield" : "spin");
+           o->thread_safe ? "safe" : "domain", o->yield ? "yield" : "spin",
+           o->target_wait_fd ? "fd" : "none");
     return 0;
 }
 
@@ -598,10 +607,10 @@ static int run_latency(initiator_t *in, size_t block)
                in->side.info->fabric_attr->prov_name, block, completion_name(in, o->write),
                median, p99, count * LATENCY_GROUP);
         printf("LATENCY operation=%s provider=%s block_size=%zu median_us=%.3f p99_us=%.3f "
-               "samples=%zu completion=%s threading=%s idle=%s\n", op_name(o),
+               "samples=%zu completion=%s threading=%s idle=%s target_wait=%s\n", op_name(o),
                in->side.info->fabric_attr->prov_name, block, median, p99, count,
                completion_name(in, o->write), o->thread_safe ? "safe" : "domain",
-               o->yield ? "yield" : "spin");
+               o->yield ? "yield" : "spin", o->target_wait_fd ? "fd" : "none");
     }
     free(samples);
     return rc;
@@ -726,6 +735,9 @@ static void usage(FILE *out)
         "  --transmit-complete     writes complete at FI_TRANSMIT_COMPLETE, not\n"
         "                          FI_DELIVERY_COMPLETE\n"
         "  --threading=MODE        domain (default: FI_THREAD_DOMAIN) or safe (FI_THREAD_SAFE)\n"
+        "  --target-wait=MODE      the target CQ's wait object: none (default) or fd\n"
+        "                          (FI_WAIT_FD, as the ofi transport's target CQ, where the\n"
+        "                          provider has one: tcp;ofi_rxm, not shm)\n"
         "  --idle=MODE             what a side does when its CQ has nothing: spin (default)\n"
         "                          or yield (sched_yield: for a machine with more runnable\n"
         "                          processes than cores)\n",
@@ -741,7 +753,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"slice-size", required_argument, NULL, 's'}, {"duration", required_argument, NULL, 'd'},
         {"latency", no_argument, NULL, 'L'},         {"transmit-complete", no_argument, NULL, 'T'},
         {"threading", required_argument, NULL, 't'}, {"idle", required_argument, NULL, 'i'},
-        {"help", no_argument, NULL, 'h'},
+        {"target-wait", required_argument, NULL, 'W'}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     *o = (options_t){.provider = "tcp;ofi_rxm", .write = 1, .batch = DEFAULT_BATCH,
@@ -766,6 +778,10 @@ static int parse_options(int argc, char **argv, options_t *o)
             break;
         case 'i':
             if (one_of("idle", optarg, "spin", "yield", &o->yield))
+                return -1;
+            break;
+        case 'W':
+            if (one_of("target-wait", optarg, "none", "fd", &o->target_wait_fd))
                 return -1;
             break;
         case 'B':
