@@ -735,7 +735,7 @@ Test(ofi_mr, lane_closed_while_readers_wait_in_its_cq_over_shm)
     unsetenv("FERRY_WAIT_SPIN");
 }
 
-/* mask for every thread of this process now (those it creates later
+/* Every thread of this process now gets mask (threads created later
  * inherit their creator's). */
 static void set_every_thread(const cpu_set_t *mask)
 {
@@ -794,11 +794,11 @@ static void *wait_for_the_victim(void *arg)
  * the engine's threads on one CPU, a reader sleeps in its read holding
  * the claim while the others run, wakes, drops the claim and takes it
  * again without the CPU changing hands: the fence never finds it free by
- * chance (with two CPUs it did, 3 runs in 4), and the victim's writes
- * FAIL within the 2 s bound and the sweep after it only if the raised
- * lane_wanted keeps the readers out.  Without it they failed when the
- * readers' spin ended, with the wait's 20 s bound (the spin stops there):
- * 10 s is 4 times the bound. */
+ * chance (on two CPUs, in the test above, it did 3 runs in 4), and the
+ * victim's writes FAIL within the 2 s bound and the sweep after it only
+ * if the raised lane_wanted keeps the readers out.  Without it they
+ * failed when the readers' spin ended, with the wait's 20 s bound (the
+ * spin stops there): 10 s is 4 times the bound. */
 Test(ofi_mr, fence_gets_the_cq_claim_from_readers_that_spin_over_shm)
 {
     setenv("FERRY_WAIT_SPIN", "30000000", 1);
