@@ -37,7 +37,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/personality.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ofi_mr_shim.h"
@@ -46,6 +45,7 @@
 #include "peer_process.h"
 #include "put_get.h"
 #include "service_process.h"
+#include "test_clock.h"
 #include "test_pattern.h"
 
 #define MIB       ((size_t)1 << 20)
@@ -769,19 +769,12 @@ struct victim_waiter {
     double waited_s;
 };
 
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void *wait_for_the_victim(void *arg)
 {
     struct victim_waiter *w = arg;
-    double start = seconds_now();
+    double start = test_now();
     w->status = ferry_batch_wait(w->batch, 20000);
-    w->waited_s = seconds_now() - start;
+    w->waited_s = test_now() - start;
     return NULL;
 }
 
